@@ -1,0 +1,36 @@
+"""Rank-budget accounting: declared budgets, effective-rank metrics, probes and reports.
+
+budgets knows nothing of zoo or Lightning: the probes read any model whose blocks offer
+`budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`.
+"""
+
+from .budget import AXES, AXIS_OF_QUANTITY, RankBudget
+from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
+from .probes import is_probeable, probe_model, probeable_blocks
+from .report import (
+    REPORT_SCHEMA_VERSION,
+    build_report,
+    load_report,
+    render_table,
+    to_json,
+    to_markdown,
+)
+
+__all__ = [
+    "AXES",
+    "AXIS_OF_QUANTITY",
+    "METRICS",
+    "REPORT_SCHEMA_VERSION",
+    "RankBudget",
+    "build_report",
+    "is_probeable",
+    "load_report",
+    "probe_model",
+    "probeable_blocks",
+    "rank_metrics",
+    "render_table",
+    "singular_values",
+    "spectrum_metrics",
+    "to_json",
+    "to_markdown",
+]

@@ -1,0 +1,81 @@
+"""The declared rank budget of one block (one layer), derived from its config alone.
+
+Every field is a structural upper bound: no choice of weights or inputs can make the
+realized rank on that axis exceed it. The report puts each realized figure beside its cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+# Which declared axis bounds which realized quantity measured by the probes.
+# The keys of the values are the names that blocks use in `weight_matrices()` and that
+# the probes use for the mixing matrix's past->future block; every key a block returns from
+# `inference_state()` is bounded by the `inference` axis.
+AXIS_OF_QUANTITY = {
+    "past_future": "mixing",
+    "qk": "logits",
+    "value": "value_path",
+}
+AXES = ("mixing", "logits", "value_path", "adapter", "inference")
+
+
+@dataclass(frozen=True)
+class RankBudget:
+    """Declared caps for one layer at sequence length `seq_len`.
+
+    pretrain axes:
+      mixing      per-head rank of the past->future block M[T/2:, :T/2] of the mixing matrix
+      logits      per-head rank of the pre-softmax scores (and of W_Q W_K^T)
+      value_path  rank of the value projection
+    adapter       sum of LoRA ranks on this block's projections (0 when none are attached)
+    inference     rank of the cached state per sequence at length `seq_len`
+    cost side: parameters, cached elements per sequence at `seq_len`, FLOPs per token
+    (averaged over the sequence).
+    """
+
+    block: str
+    seq_len: int
+    n_heads: int
+    mixing: int
+    logits: int
+    value_path: int
+    inference: int
+    adapter: int = 0
+    params: int = 0
+    cache_elements: int = 0
+    flops_per_token: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "block" and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"RankBudget.{f.name} must be a non-negative int, got {value!r}")
+
+    @property
+    def pretrain(self) -> int:
+        """The pretrain share of the total: what the block's output can span per token.
+
+        The value path is the one pretrain axis that bounds the rank of the block's output
+        (mixing and logits bound how tokens are combined, not what is combined).
+        """
+        return self.value_path
+
+    @property
+    def total(self) -> int:
+        """The seed idea: pretrain + adapter capacity + inference buffer."""
+        return self.pretrain + self.adapter + self.inference
+
+    def caps(self) -> dict[str, int]:
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankBudget:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown RankBudget keys {unknown}; known: {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,1 @@
+"""Kernel backends, one registry per operation, each fused path beside its reference."""

@@ -1,0 +1,181 @@
+"""Causal softmax attention with RoPE: MHA, and GQA/MQA through `n_kv_heads`.
+
+The rank story: the mixing matrix softmax(QK^T) has an unbounded kernel, so its
+past->future block can reach rank T/2, while the logits are capped by the head dim K, the
+value path by G*V, and the KV cache by min(T, G*K) per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from budgets import RankBudget
+
+from .block import Block
+from .config import StrictConfig, positive_int, require
+from .ops.attention import ATTENTION, AttnSpec, attention_probs
+from .ops.attention.reference import expand_kv
+from .registry import register
+from .rope import apply_rope
+
+
+@dataclass(frozen=True)
+class SoftmaxConfig(StrictConfig):
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = None  # None: MHA (G = H); 1: MQA; otherwise GQA
+    head_dim: int | None = None  # None: d_model // n_heads
+    rope: bool = True
+    rope_base: float = 10000.0
+    bias: bool = False
+    backend: str = "auto"
+
+    def validate(self) -> None:
+        positive_int("softmax", d_model=self.d_model, n_heads=self.n_heads)
+        if self.head_dim is None:
+            require(self.d_model % self.n_heads == 0,
+                    f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        else:
+            positive_int("softmax", head_dim=self.head_dim)
+        if self.n_kv_heads is not None:
+            positive_int("softmax", n_kv_heads=self.n_kv_heads)
+            require(self.n_heads % self.n_kv_heads == 0,
+                    f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        require(not self.rope or self.k_dim % 2 == 0,
+                f"RoPE needs an even head_dim, got {self.k_dim}")
+        require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
+        require(self.backend == "auto" or self.backend in ATTENTION.names(),
+                f"unknown attention backend {self.backend!r}; known: "
+                f"{['auto', *ATTENTION.names()]}")
+
+    @property
+    def k_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values; `length` tokens are filled."""
+
+    k: torch.Tensor  # [B, G, max_len, K]
+    v: torch.Tensor  # [B, G, max_len, V]
+    length: int = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + k.shape[-2]
+        if end > self.k.shape[-2]:
+            raise ValueError(f"KV cache overflow: {self.length} cached + {k.shape[-2]} new "
+                             f"> max_len {self.k.shape[-2]}")
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # [B, G, end, K], [B, G, end, V]
+
+
+@register("softmax")
+class SoftmaxAttention(Block):
+    Config = SoftmaxConfig
+
+    def __init__(self, config: SoftmaxConfig):
+        super().__init__(config)
+        c = config
+        H, G, K = c.n_heads, c.kv_heads, c.k_dim
+        self.q_proj = nn.Linear(c.d_model, H * K, bias=c.bias)
+        self.k_proj = nn.Linear(c.d_model, G * K, bias=c.bias)
+        self.v_proj = nn.Linear(c.d_model, G * K, bias=c.bias)
+        self.o_proj = nn.Linear(H * K, c.d_model, bias=c.bias)
+
+    @classmethod
+    def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
+        """Notable presets: MHA, GQA with a quarter of the heads, MQA."""
+        presets = [("softmax (MHA)", {})]
+        if n_heads >= 4 and n_heads % 4 == 0:
+            presets.append((f"softmax (GQA, G={n_heads // 4})", {"n_kv_heads": n_heads // 4}))
+        if n_heads > 1:
+            presets.append(("softmax (MQA)", {"n_kv_heads": 1}))
+        return presets
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        w, b = proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype)
+        return F.linear(x, w, b).view(B, T, n, -1).transpose(1, 2)  # [B, n, T, K]
+
+    def project(self, x: torch.Tensor, offset: int = 0):
+        """Queries, keys and values of x [B, T, D], rotated for positions offset + t."""
+        c = self.config
+        q = self._heads(x, self.q_proj, c.n_heads)  # [B, H, T, K]
+        k = self._heads(x, self.k_proj, c.kv_heads)  # [B, G, T, K]
+        v = self._heads(x, self.v_proj, c.kv_heads)  # [B, G, T, V]
+        if c.rope:
+            q, k = apply_rope(q, offset, c.rope_base), apply_rope(k, offset, c.rope_base)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        self.check_input(x)
+        B, T, _ = x.shape
+        q, k, v = self.project(x, offset=cache.length if cache is not None else 0)
+        if cache is not None:
+            k, v = cache.append(k, v)  # [B, G, Tk, K]: everything seen so far
+        backend = ATTENTION.resolve(self.config.backend, AttnSpec.of(q, k, v, window=None))
+        self._backend = backend.name
+        o = backend.fn(q, k, v, window=None, scale=1 / math.sqrt(self.config.k_dim))
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        positive_int("init_cache", batch=batch, max_len=max_len)
+        c, p = self.config, self.q_proj.weight
+        shape = (batch, c.kv_heads, max_len, c.k_dim)
+        return KVCache(p.new_zeros(shape), p.new_zeros(shape))
+
+    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax probabilities [B, H, T, T], recomputed on the reference path in fp32."""
+        self.check_input(x)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            q, k, _ = self.project(x.float())
+            return attention_probs(q, k, window=None, scale=1 / math.sqrt(self.config.k_dim))
+
+    def value_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """The value path per query head [B, H, T, V]: y = o_proj(P @ value_heads(x))."""
+        return expand_kv(self._heads(x, self.v_proj, self.config.kv_heads), self.config.n_heads)
+
+    def weight_matrices(self) -> dict[str, torch.Tensor]:
+        c = self.config
+        wq = self.q_proj.weight.detach().float().view(c.n_heads, c.k_dim, c.d_model)
+        wk = expand_kv(self.k_proj.weight.detach().float().view(1, c.kv_heads, c.k_dim, c.d_model),
+                       c.n_heads)[0]  # [H, K, D]
+        return {
+            "qk": wq.transpose(1, 2) @ wk,  # [H, D, D]: W_Q^h W_K^h^T, rank <= K
+            "value": self.v_proj.weight.detach().float().T,  # [D, G*V]
+            "out": self.o_proj.weight.detach().float(),  # [D, H*V]
+        }
+
+    def inference_state(self, cache: KVCache) -> dict[str, torch.Tensor]:
+        B, n = cache.k.shape[0], cache.length
+        k = cache.k[:, :, :n].transpose(1, 2).reshape(B, n, -1)  # [B, T, G*K]
+        v = cache.v[:, :, :n].transpose(1, 2).reshape(B, n, -1)  # [B, T, G*V]
+        return {"k": k, "v": v}
+
+    def budget(self, seq_len: int) -> RankBudget:
+        positive_int("budget", seq_len=seq_len)
+        c = self.config
+        H, G, K, D, T = c.n_heads, c.kv_heads, c.k_dim, c.d_model, seq_len
+        return RankBudget(
+            block=self.kind, seq_len=T, n_heads=H,
+            mixing=T // 2,  # exp(QK^T) has an unbounded kernel: only the block size caps it
+            logits=K,
+            value_path=min(D, G * K),
+            inference=min(T, G * K),
+            params=self.param_count(),
+            cache_elements=2 * T * G * K,
+            # projections, plus QK^T and PV over (T + 1) / 2 keys on average under the mask
+            flops_per_token=2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * (T + 1) // 2,
+        )
