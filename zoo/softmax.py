@@ -96,10 +96,11 @@ class SoftmaxAttention(Block):
 
     @classmethod
     def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
-        """Notable presets: MHA, GQA with a quarter of the heads, MQA."""
+        """Notable presets: MHA, GQA (a quarter of the heads, or half when H < 8), MQA."""
         presets = [("softmax (MHA)", {})]
-        if n_heads >= 4 and n_heads % 4 == 0:
-            presets.append((f"softmax (GQA, G={n_heads // 4})", {"n_kv_heads": n_heads // 4}))
+        groups = n_heads // 4 if n_heads >= 8 else n_heads // 2
+        if 1 < groups < n_heads and n_heads % groups == 0:
+            presets.append((f"softmax (GQA, G={groups})", {"n_kv_heads": groups}))
         if n_heads > 1:
             presets.append(("softmax (MQA)", {"n_kv_heads": 1}))
         return presets
