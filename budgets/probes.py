@@ -1,0 +1,153 @@
+"""Probes: measure the rank each block of a model really uses, on one fixed batch.
+
+budgets knows nothing of zoo: a *probeable block* is any submodule that offers the probe
+methods of the block contract (zoo/block.py), found by duck typing. The probe runs the
+model once to capture each block's input, then asks each block for the matrices whose
+rank it declared a budget for:
+
+    mixing_matrices(x)        [B, H, T, T]    -> mixing, mixing_centered, past_future
+    weight_matrices()         {name: [..., m, n]}            -> e.g. qk, value
+    inference_state(cache)    {name: [B, ..., m, n]}         -> inference.<name>
+
+Metrics are computed per sample and averaged over the batch afterwards: an SVD of the
+batch-averaged matrix would measure a blurred pattern no sample ever used (and usually
+reads lower rank).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .metrics import _check_eps, singular_values, spectrum_metrics
+
+PROBE_METHODS = ("budget", "mixing_matrices", "weight_matrices", "init_cache", "inference_state")
+
+
+def is_probeable(module) -> bool:
+    return all(callable(getattr(module, name, None)) for name in PROBE_METHODS)
+
+
+def probeable_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Probeable submodules in named_modules() order, not descending into a block's children."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if any(name == p or name.startswith(p + ".") or p == "" for p, _ in found):
+            continue  # inside a block already found (a block may be built of blocks)
+        if is_probeable(module):
+            found.append((name, module))
+    return found
+
+
+def _measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int = 0):
+    """Metrics (lists of floats) and mean spectrum [n, k] of A, averaged over `batch_dims`.
+
+    The leading dims after the averaged ones are flattened, so one 2-D matrix gives lists
+    of length 1 and [B, H, T, T] with batch_dims=1 gives lists of length H.
+    """
+    s = singular_values(A, center=center)  # [..., k], the one SVD per quantity
+    metrics = spectrum_metrics(s, tuple(A.shape[-2:]), eps)
+    dims = tuple(range(batch_dims))
+    if dims:
+        metrics = {k: v.mean(dims) for k, v in metrics.items()}
+        s = s.mean(dims)
+    values = {k: [float(x) for x in v.reshape(-1).cpu()] for k, v in metrics.items()}
+    return values, s.reshape(-1, s.shape[-1]).cpu()
+
+
+def _capture_inputs(model: nn.Module, blocks, batch) -> dict[str, torch.Tensor]:
+    """Run model(batch) once, recording each block's first input x [B, T, D]."""
+    inputs: dict[str, torch.Tensor] = {}
+
+    def hook_for(name):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("x")
+            if name not in inputs and isinstance(x, torch.Tensor):
+                inputs[name] = x.detach().clone()  # clone: the model may update x in place
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
+    try:
+        model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n, _ in blocks if n not in inputs]
+    if missing:
+        raise ValueError(f"{type(model).__name__}(batch) never called the probeable blocks "
+                         f"{missing} with a tensor input")
+    return inputs
+
+
+def _mixing_quantities(block, x: torch.Tensor, eps: float) -> dict:
+    P = block.mixing_matrices(x)
+    B, T = x.shape[0], x.shape[1]
+    if P.dim() != 4 or P.shape[0] != B or P.shape[-2:] != (T, T):
+        raise ValueError(f"{type(block).__name__}.mixing_matrices(x) must return [B, H, T, T] = "
+                         f"[{B}, H, {T}, {T}], got {tuple(P.shape)}")
+    h = T // 2  # the past->future block M[T/2:, :T/2] that the mixing budget caps
+    return {
+        "mixing": _measure(P, eps, batch_dims=1),
+        "mixing_centered": _measure(P, eps, center=True, batch_dims=1),
+        "past_future": _measure(P[..., h:, :h], eps, batch_dims=1),
+    }
+
+
+def _inference_quantities(block, x: torch.Tensor, eps: float) -> dict:
+    # A fresh cache filled by one prefill of the probe batch: the state at length T.
+    cache = block.init_cache(x.shape[0], x.shape[1])
+    block(x, cache=cache)
+    out = {}
+    for name, S in block.inference_state(cache).items():
+        if S.dim() < 3:
+            raise ValueError(f"{type(block).__name__}.inference_state()[{name!r}] must be "
+                             f"[B, ..., m, n], got {tuple(S.shape)}")
+        out[f"inference.{name}"] = _measure(S, eps, batch_dims=1)
+    return out
+
+
+def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
+    measured = _mixing_quantities(block, x, eps)
+    for wname, W in block.weight_matrices().items():
+        if wname in measured:
+            raise ValueError(f"{type(block).__name__}.weight_matrices() uses the reserved "
+                             f"name {wname!r}")
+        measured[wname] = _measure(W, eps)  # no batch dim: one entry per leading index
+    measured.update(_inference_quantities(block, x, eps))
+    return {
+        "name": name,
+        "block": getattr(block, "kind", "") or type(block).__name__,
+        "budget": block.budget(int(x.shape[1])).to_dict(),
+        "quantities": {q: m for q, (m, _) in measured.items()},
+        "spectra": {q: s for q, (_, s) in measured.items()},
+    }
+
+
+def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = False) -> dict:
+    """Realized ranks of every probeable block of `model` on `batch` (see module docstring).
+
+    Returns {"seq_len": T, "eps": eps, "layers": [{"layer", "name", "block", "budget",
+    "quantities": {quantity: {metric: [float per head]}}}]}, JSON-serializable unless
+    with_spectra=True adds "spectra": {quantity: mean singular values [heads, k]} per layer.
+    The model runs in eval mode under no_grad; every module's training flag is restored.
+    """
+    _check_eps(eps)  # before the forward pass, so a bad eps costs nothing
+    blocks = probeable_blocks(model)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no probeable blocks (submodules with "
+                         f"{', '.join(PROBE_METHODS)})")
+    modes = {m: m.training for m in model.modules()}
+    model.eval()  # no dropout: the probe must measure the deterministic function
+    try:
+        with torch.no_grad():
+            inputs = _capture_inputs(model, blocks, batch)
+            layers = []
+            for i, (name, block) in enumerate(blocks):
+                layer = {"layer": i, **_probe_block(name, block, inputs[name], eps)}
+                if not with_spectra:
+                    del layer["spectra"]
+                layers.append(layer)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return {"seq_len": int(inputs[blocks[0][0]].shape[1]), "eps": float(eps), "layers": layers}

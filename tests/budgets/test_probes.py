@@ -1,0 +1,130 @@
+"""Probes on a tiny fake model that keeps the block contract (tests/budgets/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from budgets import METRICS, is_probeable, probe_model, probeable_blocks, rank_metrics
+
+H, K, D, T = 2, 4, 12, 10  # the conftest model's heads, head dim, width; the batch's length
+
+
+def test_layers_quantities_and_list_lengths(tiny_lm, tokens):
+    probe = probe_model(tiny_lm, tokens, eps=0.2)
+    assert probe["seq_len"] == T and probe["eps"] == 0.2
+    assert [ly["layer"] for ly in probe["layers"]] == [0, 1]
+    assert [ly["name"] for ly in probe["layers"]] == ["blocks.0", "blocks.1"]
+    lengths = {"mixing": H, "mixing_centered": H, "past_future": H, "qk": H, "value": 1,
+               "inference.k": H, "inference.v": 1}
+    for layer in probe["layers"]:
+        assert layer["block"] == "tiny" and "spectra" not in layer
+        assert list(layer["quantities"]) == list(lengths)
+        for q, metrics in layer["quantities"].items():
+            assert list(metrics) == list(METRICS)
+            assert all(len(v) == lengths[q] for v in metrics.values()), q
+    json.dumps(probe)  # plain floats and ints only
+
+
+def test_budget_comes_from_the_block_at_the_probe_length(tiny_lm, tokens):
+    probe = probe_model(tiny_lm, tokens)
+    for layer, block in zip(probe["layers"], tiny_lm.blocks, strict=True):
+        assert layer["budget"] == block.budget(T).to_dict()
+
+
+def test_ranks_respect_structural_caps(tiny_lm, tokens):
+    """Random weights realize their caps exactly: per-head qk rank K, value min(D, H*K)."""
+    layer = probe_model(tiny_lm, tokens)["layers"][0]["quantities"]
+    assert layer["qk"]["numerical_rank"] == [K] * H
+    assert layer["value"]["numerical_rank"] == [min(D, H * K)]
+    assert layer["inference.k"]["numerical_rank"] == [min(T, K)] * H
+    assert all(r <= T // 2 for r in layer["past_future"]["rank_eps"])
+
+
+def test_metrics_are_per_sample_then_averaged(tiny_lm, tokens):
+    probe = probe_model(tiny_lm, tokens)
+    block = tiny_lm.blocks[0]
+    with torch.no_grad():
+        P = block.mixing_matrices(tiny_lm.emb(tokens))  # layer 0 sees the embeddings
+        per_sample = rank_metrics(P, center=True)["erank"].mean(0)
+        of_mean = rank_metrics(P.mean(0), center=True)["erank"]
+    got = torch.tensor(probe["layers"][0]["quantities"]["mixing_centered"]["erank"])
+    torch.testing.assert_close(got, per_sample)
+    # Averaging attention over samples blurs it into a pattern no sample used.
+    assert (got - of_mean).abs().min() > 1e-3
+
+
+def test_eval_mode_during_probe_and_modes_restored(tiny_lm, tokens):
+    tiny_lm.train()
+    tiny_lm.frozen.eval()
+    probe_model(tiny_lm, tokens)
+    assert all(seen is False for b in tiny_lm.blocks for seen in b.training_seen)
+    assert tiny_lm.training and tiny_lm.blocks[0].training and tiny_lm.drop.training
+    assert not tiny_lm.frozen.training
+
+
+def test_hooks_removed_on_success_and_on_error(tiny_lm, tokens):
+    probe_model(tiny_lm, tokens)
+    assert all(not b._forward_pre_hooks for b in tiny_lm.blocks)
+    tiny_lm.train()
+    with pytest.raises(IndexError):  # the model's own error, let through
+        probe_model(tiny_lm, tokens + 100)  # token ids beyond the vocabulary
+    assert all(not b._forward_pre_hooks for b in tiny_lm.blocks)
+    assert tiny_lm.training
+
+
+def test_spectra_on_request(tiny_lm, tokens):
+    layer = probe_model(tiny_lm, tokens, with_spectra=True)["layers"][1]
+    spectra = layer["spectra"]
+    assert set(spectra) == set(layer["quantities"])
+    assert spectra["mixing"].shape == (H, T)
+    assert spectra["past_future"].shape == (H, T // 2)
+    assert spectra["qk"].shape == (H, D) and spectra["value"].shape == (1, H * K)
+    assert spectra["inference.v"].shape == (1, min(T, H * K))
+    assert torch.all(spectra["mixing"][:, :-1] >= spectra["mixing"][:, 1:])  # descending
+
+
+def test_model_without_blocks_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="Sequential has no probeable blocks"):
+        probe_model(nn.Sequential(nn.Linear(3, 3)), torch.zeros(1, 3))
+
+
+def test_bad_eps_fails_before_running(tiny_lm, tokens):
+    with pytest.raises(ValueError, match="eps"):
+        probe_model(tiny_lm, tokens, eps=1.0)
+    assert all(not b.training_seen for b in tiny_lm.blocks)
+
+
+def test_block_never_called_is_an_error(tiny_lm, tokens):
+    class Skipping(nn.Module):  # owns both blocks, runs only the first
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_lm
+
+        def forward(self, t):
+            return tiny_lm.blocks[0](tiny_lm.emb(t))
+
+    with pytest.raises(ValueError, match=r"never called .*inner\.blocks\.1"):
+        probe_model(Skipping(), tokens)
+
+
+def test_blocks_found_by_duck_typing_not_descending(tiny_attention_cls):
+    class Outer(tiny_attention_cls):  # a probeable block built around another one
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_attention_cls()
+
+    model = nn.Sequential(nn.Linear(D, D), Outer(), tiny_attention_cls())
+    assert [n for n, _ in probeable_blocks(model)] == ["1", "2"]
+    assert not is_probeable(model[0]) and is_probeable(model[2])
+
+
+def test_a_bare_block_is_a_model(tiny_attention_cls):
+    torch.manual_seed(0)
+    block = tiny_attention_cls()
+    probe = probe_model(block, torch.randn(2, 6, D))
+    assert len(probe["layers"]) == 1 and probe["layers"][0]["name"] == ""
+    assert probe["layers"][0]["budget"]["seq_len"] == 6
