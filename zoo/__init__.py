@@ -6,12 +6,15 @@
     P = block.mixing_matrices(x)                   # [B, H, T, T]
 """
 
-from . import softmax  # noqa: F401  (registers the block)
+from . import linear, mla, moe, sliding_window, softmax, ssm  # noqa: F401  (registers the blocks)
 from .block import Block
 from .ops.attention import ATTENTION
+from .ops.conv import CONV
+from .ops.linear_attn import LINEAR_ATTN
+from .ops.ssd import SSD
 from .registry import block_class, build, names, register
 
-OPS = {"attention": ATTENTION}
+OPS = {"attention": ATTENTION, "linear_attn": LINEAR_ATTN, "ssd": SSD, "causal_conv": CONV}
 
 
 def backends_available() -> dict[str, dict[str, str | None]]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 import zoo
@@ -55,7 +55,8 @@ def bench_softmax(args: argparse.Namespace) -> Table:
                               backend=backend, **kwargs)
             times[backend] = median_seconds(forward_backward(block, x), args.repeats)
         table.add_row(label, block_backend(args, kwargs), f"{1e3 * times['auto']:.1f}",
-                      f"{1e3 * times['reference']:.1f}", f"{times['reference'] / times['auto']:.2f}x")
+                      f"{1e3 * times['reference']:.1f}",
+                      f"{times['reference'] / times['auto']:.2f}x")
     return table
 
 
@@ -65,7 +66,154 @@ def block_backend(args: argparse.Namespace, kwargs: dict) -> str:
     return block.backend
 
 
-BENCHMARKS = {"softmax": bench_softmax}
+def bench_recurrent(args: argparse.Namespace) -> Table:
+    """linear, ssm and softmax fwd+bwd time and peak memory vs T in {512, 2048, 8192}, B=1.
+
+    Time: median over --repeats after a warm-up. Memory: one more fwd+bwd under a dispatch
+    mode that counts the bytes of the live tensor storages the ops create (peak) and the
+    largest one, and flags any tensor with two dims >= T: a T x T tensor (decidable only
+    when T exceeds every parameter dim, else "n/a"). Ratios compare T with T/4: linear-time
+    blocks read about 4x, quadratic ones about 16x.
+    """
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LiveStorages(TorchDispatchMode):
+        def __init__(self, seq_len: int):
+            super().__init__()
+            self.seq_len, self.live, self.now, self.peak, self.largest = seq_len, {}, 0, 0, 0
+            self.quadratic = False
+
+        def _release(self, key: int) -> None:
+            nbytes, refs = self.live[key]
+            if refs > 1:
+                self.live[key] = (nbytes, refs - 1)
+            else:
+                del self.live[key]
+                self.now -= nbytes
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                self.quadratic |= sum(d >= self.seq_len for d in t.shape) >= 2
+                storage = t.untyped_storage()
+                key, nbytes = storage.data_ptr(), storage.nbytes()
+                refs = self.live.get(key, (nbytes, 0))[1]
+                self.live[key] = (nbytes, refs + 1)
+                if refs == 0:
+                    self.now += nbytes
+                    self.peak = max(self.peak, self.now)
+                    self.largest = max(self.largest, nbytes)
+                weakref.finalize(t, self._release, key)
+            return out
+
+    D, H, lengths = args.d_model, args.n_heads, (512, 2048, 8192)
+    table = Table(title=f"fwd+bwd vs T, B=1 D={D} H={H}, {torch.get_num_threads()} threads")
+    for column in ("block", "T", "ms", "time x", "peak MB", "peak x", "max MB", "TxT"):
+        table.add_column(column, justify="left" if column == "block" else "right")
+    backends, time_ratios = [], []
+    for name in ("linear", "ssm", "softmax"):
+        torch.manual_seed(0)
+        block = zoo.build(name, d_model=D, n_heads=H)
+        widest = max(max(p.shape) for p in block.parameters())
+        previous = None
+        for T in lengths:
+            x = torch.randn(1, T, D, requires_grad=True)
+            seconds = median_seconds(forward_backward(block, x), args.repeats)
+            with LiveStorages(T) as memory:
+                forward_backward(block, x)()
+            flag = "n/a" if widest >= T else "yes" if memory.quadratic else "no"
+            ratios = ("", "") if previous is None else (
+                f"{seconds / previous[0]:.1f}", f"{memory.peak / previous[1]:.1f}")
+            table.add_row(name, str(T), f"{1e3 * seconds:.0f}", ratios[0],
+                          f"{memory.peak / 2**20:.1f}", ratios[1],
+                          f"{memory.largest / 2**20:.1f}", flag)
+            previous = (seconds, memory.peak)
+        backends.append(f"{name}={block.backend}")
+        time_ratios.append(f"{name} {ratios[0]}x")
+    table.caption = (f"x: ratio to T/4 (linear ~4, quadratic ~16); max: largest tensor; TxT: any "
+                     f"tensor with two dims >= T. time(8192)/time(2048): "
+                     f"{', '.join(time_ratios)}. backends: {', '.join(backends)}")
+    return table
+
+
+def bench_softmax_family(args: argparse.Namespace) -> Group:
+    """sliding_window vs softmax fwd+bwd at T in {1024, 4096, 8192} (B=1, W=128); MLA vs
+    MHA/GQA/MQA cache bytes per token at matched width; MoE (E=8) fwd+bwd at k = 1, 2, 4.
+
+    Ratios t(T)/t(1024): past the window the band grows about linearly (4, 8), full softmax
+    about quadratically (16, 64). MoE ratios are to k=1; "dense" is the all-E-heads reference.
+    Times here are the best of --repeats after a warm-up: on a shared machine the minimum is
+    the steadiest estimate of what the kernel costs.
+    """
+
+    def best_seconds(fn: Callable[[], object]) -> float:
+        return min(median_seconds(fn, repeats=1, warmup=0) for _ in range(args.repeats + 1))
+
+    D, H, W = args.d_model, args.n_heads, 128
+    lengths, threads = (1024, 4096, 8192), torch.get_num_threads()
+    window = Table(title=f"sliding_window (W={W}) vs softmax fwd+bwd, B=1 D={D} H={H}, "
+                         f"{threads} threads")
+    window.add_column("block", no_wrap=True)
+    for column in (*(f"{T} ms" for T in lengths), *(f"x{T}" for T in lengths[1:])):
+        window.add_column(column, justify="right")
+    times: dict[str, list[float]] = {}
+    for name, kwargs in (("sliding_window", {"window": W}), ("softmax", {})):
+        torch.manual_seed(0)
+        block = zoo.build(name, d_model=D, n_heads=H, **kwargs)
+        times[name] = [best_seconds(forward_backward(block, torch.randn(1, T, D)))
+                       for T in lengths]
+        window.add_row(f"{name} ({block.backend})", *(f"{1e3 * t:.0f}" for t in times[name]),
+                       *(f"{t / times[name][0]:.1f}" for t in times[name][1:]))
+    window.caption = "xT: t(T)/t(1024). softmax / sliding_window: " + ", ".join(
+        f"{a / b:.1f}x at T={T}" for T, a, b in zip(lengths, times["softmax"],
+                                                     times["sliding_window"], strict=True))
+
+    caches = Table(title=f"cache bytes per token per layer (fp32) at D={D}, H={H}")
+    for column in ("block", "elements", "bytes", "vs MHA", "params"):
+        caches.add_column(column, justify="left" if column == "block" else "right")
+    rows = [(label, "softmax", kw) for label, kw in zoo.block_class("softmax").variants(D, H)]
+    rows += [(label, "mla", kw) for label, kw in zoo.block_class("mla").variants(D, H)]
+    mha_bytes = None
+    for label, name, kwargs in rows:
+        block = zoo.build(name, d_model=D, n_heads=H, **kwargs)
+        cache = block.init_cache(1, 64)
+        block(torch.randn(1, 64, D), cache=cache)
+        state = block.inference_state(cache)
+        per_token = sum(t.numel() for t in state.values()) // 64
+        nbytes = sum(t.nbytes for t in state.values()) // 64
+        mha_bytes = mha_bytes or nbytes
+        caches.add_row(label, str(per_token), str(nbytes), f"{nbytes / mha_bytes:.2f}",
+                       str(block.param_count()))
+
+    T, E = args.seq_len, 8
+    moe = Table(title=f"moe fwd+bwd, top-k of E={E} heads, B=1 T={T} D={D}, {threads} threads")
+    for column in ("k", "fused ms", "t(k)/t(1)", "dense ms", "dense/fused"):
+        moe.add_column(column, justify="right")
+    x, base = torch.randn(1, T, D), None
+    for k in (1, 2, 4):
+        torch.manual_seed(0)
+        block = zoo.build("moe", d_model=D, n_heads=E, top_k=k)
+        fused = best_seconds(forward_backward(block, x))
+
+        def dense_step(block=block) -> None:
+            block.zero_grad(set_to_none=True)
+            block.dense_forward(x).sum().backward()
+
+        dense = best_seconds(dense_step)
+        base = base or fused
+        moe.add_row(str(k), f"{1e3 * fused:.1f}", f"{fused / base:.2f}",
+                    f"{1e3 * dense:.1f}", f"{dense / fused:.1f}x")
+    moe.caption = f"fused attention backend: {block.backend}; dense: every head, zero gates"
+    return Group(window, caches, moe)
+
+
+BENCHMARKS = {"softmax": bench_softmax, "recurrent": bench_recurrent,
+              "softmax_family": bench_softmax_family}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,15 +36,17 @@ class SoftmaxConfig(StrictConfig):
     bias: bool = False
     backend: str = "auto"
 
+    owner: ClassVar[str] = "softmax"  # the block name that errors start with
+
     def validate(self) -> None:
-        positive_int("softmax", d_model=self.d_model, n_heads=self.n_heads)
+        positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads)
         if self.head_dim is None:
             require(self.d_model % self.n_heads == 0,
                     f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
         else:
-            positive_int("softmax", head_dim=self.head_dim)
+            positive_int(self.owner, head_dim=self.head_dim)
         if self.n_kv_heads is not None:
-            positive_int("softmax", n_kv_heads=self.n_kv_heads)
+            positive_int(self.owner, n_kv_heads=self.n_kv_heads)
             require(self.n_heads % self.n_kv_heads == 0,
                     f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         require(not self.rope or self.k_dim % 2 == 0,
@@ -105,6 +108,11 @@ class SoftmaxAttention(Block):
             presets.append(("softmax (MQA)", {"n_kv_heads": 1}))
         return presets
 
+    @property
+    def window(self) -> int | None:
+        """Keys each query sees, itself included; None: all earlier keys (sliding_window: W)."""
+        return None
+
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
         B, T, _ = x.shape
         w, b = proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype)
@@ -126,9 +134,9 @@ class SoftmaxAttention(Block):
         q, k, v = self.project(x, offset=cache.length if cache is not None else 0)
         if cache is not None:
             k, v = cache.append(k, v)  # [B, G, Tk, K]: everything seen so far
-        backend = ATTENTION.resolve(self.config.backend, AttnSpec.of(q, k, v, window=None))
+        backend = ATTENTION.resolve(self.config.backend, AttnSpec.of(q, k, v, window=self.window))
         self._backend = backend.name
-        o = backend.fn(q, k, v, window=None, scale=1 / math.sqrt(self.config.k_dim))
+        o = backend.fn(q, k, v, window=self.window, scale=1 / math.sqrt(self.config.k_dim))
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
 
     def init_cache(self, batch: int, max_len: int) -> KVCache:
@@ -142,7 +150,7 @@ class SoftmaxAttention(Block):
         self.check_input(x)
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             q, k, _ = self.project(x.float())
-            return attention_probs(q, k, window=None, scale=1 / math.sqrt(self.config.k_dim))
+            return attention_probs(q, k, window=self.window, scale=1 / math.sqrt(self.config.k_dim))
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per query head [B, H, T, V]: y = o_proj(P @ value_heads(x))."""

@@ -9,13 +9,36 @@ prefill (Tq = Tk) and a one-token decode step (Tq = 1) use the same call. `windo
 """
 
 from ..registry import Backend, OpRegistry, always_available, import_probe
+from .flex import flex_attention_fn, flex_unsupported
 from .reference import attention_probs, reference_attention
 from .sdpa import sdpa_attention
 from .spec import AttnSpec
 from .vendor import flash_attn_attention, flash_attn_unsupported, xformers_attention
 
-ATTENTION = OpRegistry("attention", preference={
-    "cuda": ["flash_attn", "sdpa", "reference"],
+
+class AttentionRegistry(OpRegistry):
+    """`auto` takes the backends in `windowed_only` for windowed calls alone.
+
+    FlexAttention earns its place on a band (its block mask skips the tiles outside it);
+    for full causal attention SDPA's flash/cuDNN kernels are as fast and need no
+    compilation. Asked for by name, such a backend serves any call it supports.
+    """
+
+    windowed_only = frozenset({"flex"})
+
+    def resolve(self, requested: str, spec: AttnSpec) -> Backend:
+        if requested != "auto" or spec.window is not None:
+            return super().resolve(requested, spec)
+        for name in self.preference.get(spec.device_type, ["reference"]):
+            if name not in self.windowed_only and name in self.names() \
+                    and self.why_not(name, spec) is None:
+                self._log_choice(name, spec.device_type)
+                return self.get(name)
+        raise RuntimeError(f"no {self.op} backend can serve {spec}")
+
+
+ATTENTION = AttentionRegistry("attention", preference={
+    "cuda": ["flash_attn", "flex", "sdpa", "reference"],
     "cpu": ["sdpa", "reference"],
 })
 
@@ -30,5 +53,7 @@ ATTENTION.register(Backend("flash_attn", flash_attn_attention,
                            import_probe("flash_attn", "flash_attn_2_cuda"), flash_attn_unsupported))
 ATTENTION.register(Backend("xformers", xformers_attention,
                            import_probe("xformers.ops"), _cuda_only))
+ATTENTION.register(Backend("flex", flex_attention_fn,
+                           import_probe("torch.nn.attention.flex_attention"), flex_unsupported))
 
 __all__ = ["ATTENTION", "AttnSpec", "attention_probs", "reference_attention", "sdpa_attention"]

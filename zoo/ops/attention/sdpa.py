@@ -7,6 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .banded import banded_sdpa, worth_blocking
 from .reference import causal_band, expand_kv
 
 
@@ -18,6 +19,10 @@ def band_mask(q_len: int, kv_len: int, window: int | None, device: torch.device)
 
 def sdpa_attention(q, k, v, *, window: int | None, scale: float) -> torch.Tensor:
     q_len, kv_len = q.shape[-2], k.shape[-2]
+    if window is not None and window >= kv_len:
+        window = None  # every key is inside the window: no band to mask
+    if worth_blocking(q_len, kv_len, window):  # a long band: O(T W) in blocks, not O(T^2)
+        return banded_sdpa(q, k, v, window=window, scale=scale)
     mask, is_causal = None, False
     if window is None and q_len == kv_len:
         is_causal = True  # top-left and bottom-right alignment agree when Tq = Tk

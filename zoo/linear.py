@@ -1,0 +1,235 @@
+"""Causal linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
+
+Softmax's exp(q . k) is replaced by a feature-map kernel phi(q) . phi(k), so
+
+    o_t = phi(q_t)^T S_t / (phi(q_t) . z_t),   S_t = sum_{s <= t} phi(k_s) v_s^T,
+                                                z_t = sum_{s <= t} phi(k_s)
+
+(the denominator only with `normalize`). Feature maps: `elu+1` (Katharopoulos), `relu`,
+`identity` (unnormalized only) and `taylor`, the second-order Taylor map of exp(q . k / sqrt(K))
+used by Based (Arora et al. 2024): phi(x) = [1, x / K^(1/4), x_i x_j / sqrt(K) (i < j),
+x_i^2 / sqrt(2K)], so phi(q) . phi(k) = 1 + u + u^2 / 2 with u = q . k / sqrt(K), and
+F = 1 + K + K(K+1)/2 (the symmetric square only: the budget states the true dimension).
+
+The rank story: the mixing matrix is tril(phi(Q) phi(K)^T) (row-normalized), so every block
+below the diagonal, the past->future block M[T/2:, :T/2] included, has rank <= F; the logits
+phi(q) . phi(k) have rank <= F; the inference state S is F x V per head.
+
+Paths: the quadratic reference (materializes the masked kernel matrix), the chunked form in
+pure torch (the training path on CPU and CUDA, linear in T), the recurrence (decoding:
+one-token steps with a cache take it under `auto`), and fla's chunked kernel on CUDA
+(opt-in: `backend: fla`; see zoo/ops/linear_attn).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from budgets import RankBudget
+
+from .block import Block
+from .config import StrictConfig, positive_int, require
+from .ops.linear_attn import LINEAR_ATTN, LinearAttnSpec, linear_attn_matrix
+from .registry import register
+
+FEATURE_MAPS = ("elu+1", "relu", "identity", "taylor")
+
+
+def taylor_dim(k: int) -> int:
+    """F of the second-order Taylor map on K inputs: 1 + K + K(K+1)/2."""
+    return 1 + k + k * (k + 1) // 2
+
+
+@dataclass(frozen=True)
+class LinearConfig(StrictConfig):
+    d_model: int
+    n_heads: int
+    feature_map: str = "elu+1"
+    feature_dim: int | None = None  # K: per-head q/k width before the feature map; None: D/H
+    normalize: bool = True  # divide by phi(q_t) . sum_{s<=t} phi(k_s)
+    eps: float = 1e-6  # added to the denominator
+    chunk_size: int = 64  # C, of the chunked path
+    bias: bool = False
+    backend: str = "auto"
+
+    def validate(self) -> None:
+        positive_int("linear", d_model=self.d_model, n_heads=self.n_heads,
+                     chunk_size=self.chunk_size)
+        require(self.d_model % self.n_heads == 0,
+                f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        if self.feature_dim is not None:
+            positive_int("linear", feature_dim=self.feature_dim)
+        require(self.feature_map in FEATURE_MAPS,
+                f"feature_map {self.feature_map!r} unknown; known: {list(FEATURE_MAPS)}")
+        require(isinstance(self.normalize, bool),
+                f"normalize must be a bool, got {self.normalize!r}")
+        require(not (self.normalize and self.feature_map == "identity"),
+                "normalize=True needs a positive feature map; feature_map 'identity' can make "
+                "the denominator zero or negative (set normalize: false)")
+        require(isinstance(self.eps, (int, float)) and self.eps > 0,
+                f"eps must be positive, got {self.eps!r}")
+        require(self.backend == "auto" or self.backend in LINEAR_ATTN.names(),
+                f"unknown linear_attn backend {self.backend!r}; known: "
+                f"{['auto', *LINEAR_ATTN.names()]}")
+
+    @property
+    def head_dim(self) -> int:  # V
+        return self.d_model // self.n_heads
+
+    @property
+    def k_dim(self) -> int:  # K
+        return self.feature_dim or self.head_dim
+
+    @property
+    def f_dim(self) -> int:  # F
+        return taylor_dim(self.k_dim) if self.feature_map == "taylor" else self.k_dim
+
+
+@dataclass
+class LinearCache:
+    """The recurrent state per head: S (and, normalizing, the key sum z as a last column)."""
+
+    state: torch.Tensor  # [B, H, F, V] or [B, H, F, V + 1]
+    length: int = 0
+
+
+@register("linear")
+class LinearAttention(Block):
+    Config = LinearConfig
+
+    def __init__(self, config: LinearConfig):
+        super().__init__(config)
+        c = config
+        H, K, V = c.n_heads, c.k_dim, c.head_dim
+        self.q_proj = nn.Linear(c.d_model, H * K, bias=c.bias)
+        self.k_proj = nn.Linear(c.d_model, H * K, bias=c.bias)
+        self.v_proj = nn.Linear(c.d_model, H * V, bias=c.bias)
+        self.o_proj = nn.Linear(H * V, c.d_model, bias=c.bias)
+        if c.feature_map == "taylor":
+            i, j = torch.triu_indices(K, K)  # the K(K+1)/2 pairs i <= j
+            weight = torch.where(i == j, 1 / math.sqrt(2 * K), 1 / math.sqrt(K))
+            self.register_buffer("_pairs", torch.stack([i, j]), persistent=False)
+            self.register_buffer("_pair_weight", weight, persistent=False)
+
+    @classmethod
+    def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
+        """elu+1 with K = D/H, and Based's Taylor map with K = min(16, D/H)."""
+        k = min(16, d_model // max(n_heads, 1))
+        return [("linear (elu+1)", {"feature_map": "elu+1"}),
+                (f"linear (Taylor, K={k})", {"feature_map": "taylor", "feature_dim": k})]
+
+    # ---------------------------------------------------------------- paths
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """phi: [..., K] -> [..., F]."""
+        kind = self.config.feature_map
+        if kind == "elu+1":
+            return F.elu(x) + 1
+        if kind == "relu":
+            return F.relu(x)
+        if kind == "identity":
+            return x
+        K = x.shape[-1]
+        i, j = self._pairs
+        square = x[..., i] * x[..., j] * self._pair_weight.to(x.dtype)  # [..., K(K+1)/2]
+        return torch.cat([torch.ones_like(x[..., :1]), x / K ** 0.25, square], dim=-1)
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
+        B, T, _ = x.shape
+        w, b = proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype)
+        return F.linear(x, w, b).view(B, T, self.config.n_heads, -1).transpose(1, 2)
+
+    def features(self, x: torch.Tensor):
+        """phi(q), phi(k) [B, H, T, F] and v [B, H, T, V] of x [B, T, D]."""
+        q = self.feature_map(self._heads(x, self.q_proj))
+        k = self.feature_map(self._heads(x, self.k_proj))
+        return q, k, self._heads(x, self.v_proj)
+
+    def value_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """The value path per head [B, H, T, V]."""
+        return self._heads(x, self.v_proj)
+
+    def readout(self, mixed: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, H, T, V] mixed values -> y [B, T, D]: the output projection (x is unused)."""
+        B, H, T, V = mixed.shape
+        return self.o_proj(mixed.transpose(1, 2).reshape(B, T, H * V))
+
+    def forward(self, x: torch.Tensor, cache: LinearCache | None = None) -> torch.Tensor:
+        self.check_input(x)
+        c = self.config
+        q, k, v = self.features(x)  # [B, H, T, F], [B, H, T, F], [B, H, T, V]
+        if c.normalize:
+            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, H, T, V+1]
+        if cache is not None and cache.state.shape[-1] != v.shape[-1]:
+            raise ValueError(f"linear cache holds a state of shape {tuple(cache.state.shape)}; "
+                             f"this block needs [B, {c.n_heads}, {c.f_dim}, {v.shape[-1]}]")
+        requested = c.backend
+        if requested == "auto" and cache is not None and x.shape[1] == 1:
+            requested = "recurrent"  # one decoding step: the recurrence is the whole cost
+        backend = LINEAR_ATTN.resolve(requested, LinearAttnSpec.of(q, k, v))
+        self._backend = backend.name
+        o, state = backend.fn(q, k, v, initial_state=None if cache is None else cache.state,
+                              chunk_size=c.chunk_size)
+        if cache is not None:
+            cache.state = state.to(cache.state.dtype)
+            cache.length += x.shape[1]
+        if c.normalize:
+            o = o[..., :-1] / (o[..., -1:] + c.eps)  # [B, H, T, V]
+        return self.readout(o)
+
+    def init_cache(self, batch: int, max_len: int) -> LinearCache:
+        """A zero state; its size does not depend on max_len (accepted for the contract)."""
+        positive_int("init_cache", batch=batch, max_len=max_len)
+        c = self.config
+        return LinearCache(self.q_proj.weight.new_zeros(
+            batch, c.n_heads, c.f_dim, c.head_dim + int(c.normalize)))
+
+    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """The masked kernel matrix [B, H, T, T], row-normalized when `normalize`, in fp32.
+
+        M[t, s] = phi(q_t) . phi(k_s) for s <= t (divided by sum_s M[t, s] + eps when
+        normalizing), so that  y == self.readout(M @ self.value_heads(x))  exactly.
+        """
+        self.check_input(x)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            q, k, _ = self.features(x.float())
+            M = linear_attn_matrix(q, k)  # [B, H, T, T]
+            if self.config.normalize:
+                M = M / (M.sum(-1, keepdim=True) + self.config.eps)
+            return M
+
+    def weight_matrices(self) -> dict[str, torch.Tensor]:
+        c = self.config
+        wq = self.q_proj.weight.detach().float().view(c.n_heads, c.k_dim, c.d_model)
+        wk = self.k_proj.weight.detach().float().view(c.n_heads, c.k_dim, c.d_model)
+        return {
+            "qk": wq.transpose(1, 2) @ wk,  # [H, D, D]: W_Q^h W_K^h^T, rank <= K <= F
+            "value": self.v_proj.weight.detach().float().T,  # [D, H*V]
+            "out": self.o_proj.weight.detach().float(),  # [D, H*V]
+        }
+
+    def inference_state(self, cache: LinearCache) -> dict[str, torch.Tensor]:
+        """The state S per head [B, H, F, V] (the key-sum column z left out)."""
+        return {"state": cache.state[..., :self.config.head_dim]}
+
+    def budget(self, seq_len: int) -> RankBudget:
+        positive_int("budget", seq_len=seq_len)
+        c = self.config
+        H, K, V, Fd, D, T = c.n_heads, c.k_dim, c.head_dim, c.f_dim, c.d_model, seq_len
+        Vs = V + int(c.normalize)  # the state's columns
+        return RankBudget(
+            block=self.kind, seq_len=T, n_heads=H,
+            mixing=min(Fd, T // 2),  # tril(phi(Q) phi(K)^T): off-diagonal blocks rank <= F
+            logits=Fd,
+            value_path=min(D, H * V),
+            inference=min(Fd, V),  # per head
+            params=self.param_count(),
+            cache_elements=H * Fd * Vs,
+            # projections, then per head the state update and its read-out (recurrent form)
+            flops_per_token=2 * D * (2 * H * K + 2 * H * V) + 4 * H * Fd * Vs,
+        )

@@ -1,0 +1,269 @@
+"""A Mamba-2 block: the SSD state-space layer (Dao & Gu 2024, "Transformers are SSMs").
+
+    [z, x, B, C, dt] = in_proj(u)                       u [B, T, D]
+    x, B, C = silu(causal depthwise conv(x, B, C))      width d_conv
+    dt = softplus(dt + dt_bias),  A = -exp(A_log)       one decay per head
+    y = SSD(x, dt, A, B, C) + D * x                     state N per head, B/C in G groups
+    out = out_proj(rmsnorm(y * silu(z)))                gated norm, per group
+
+The rank story: per head the scan is y = M x with M[t, s] = (C_t . B_s) exp(dt_{s+1} A + ...
++ dt_t A) dt_s, an N-semiseparable matrix (every block below the diagonal has rank <= N), so
+the past->future block M[T/2:, :T/2] has rank <= N; the logits C_t . B_s have rank <= N; the
+inference state is P x N per head (plus a conv state of d_conv - 1 inputs).
+
+Paths: chunked SSD in pure torch with a stable segment sum (the CPU training path, linear
+in T), the sequential recurrence (the reference; one-token decoding steps take it under
+`auto`), and mamba-ssm's `mamba_chunk_scan_combined` on CUDA when installed. The short
+convolution runs on torch's conv1d, or causal-conv1d's kernel on CUDA when installed; a
+one-token decoding step under `auto` takes the reference conv (W multiply-adds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from budgets import RankBudget
+
+from .block import Block
+from .config import StrictConfig, positive_int, require
+from .ops.conv import CONV, ConvSpec
+from .ops.ssd import SSD, SSDSpec, ssd_mixing_matrix
+from .registry import register
+
+
+def _positive_number(owner: str, **values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SSMConfig(StrictConfig):
+    d_model: int
+    n_heads: int  # H; the head dim P is expand * d_model / n_heads
+    d_state: int = 16  # N
+    expand: int = 2  # d_inner = expand * d_model
+    n_groups: int = 1  # G: heads sharing one B and C
+    d_conv: int = 4  # width of the causal depthwise convolution
+    chunk_size: int = 64  # C, of the chunked path
+    dt_min: float = 1e-3  # initial step sizes are log-uniform in [dt_min, dt_max]
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    a_init_min: float = 1.0  # initial -A is uniform in [a_init_min, a_init_max]
+    a_init_max: float = 16.0
+    norm_eps: float = 1e-5
+    bias: bool = False  # in_proj and out_proj
+    conv_bias: bool = True
+    backend: str = "auto"  # the SSD scan
+    conv_backend: str = "auto"  # the causal conv
+
+    def validate(self) -> None:
+        positive_int("ssm", d_model=self.d_model, n_heads=self.n_heads, d_state=self.d_state,
+                     expand=self.expand, n_groups=self.n_groups, d_conv=self.d_conv,
+                     chunk_size=self.chunk_size)
+        require(self.d_inner % self.n_heads == 0,
+                f"n_heads ({self.n_heads}) must divide d_inner = expand * d_model "
+                f"({self.expand} * {self.d_model} = {self.d_inner})")
+        require(self.n_heads % self.n_groups == 0,
+                f"n_groups ({self.n_groups}) must divide n_heads ({self.n_heads})")
+        _positive_number("ssm", dt_min=self.dt_min, dt_max=self.dt_max,
+                         dt_init_floor=self.dt_init_floor, a_init_min=self.a_init_min,
+                         a_init_max=self.a_init_max, norm_eps=self.norm_eps)
+        require(self.dt_min <= self.dt_max,
+                f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
+        require(self.a_init_min <= self.a_init_max,
+                f"a_init_min ({self.a_init_min}) must not exceed a_init_max ({self.a_init_max})")
+        require(self.backend == "auto" or self.backend in SSD.names(),
+                f"unknown ssd backend {self.backend!r}; known: {['auto', *SSD.names()]}")
+        require(self.conv_backend == "auto" or self.conv_backend in CONV.names(),
+                f"unknown causal_conv backend {self.conv_backend!r}; known: "
+                f"{['auto', *CONV.names()]}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def head_dim(self) -> int:  # P
+        return self.d_inner // self.n_heads
+
+    @property
+    def conv_dim(self) -> int:  # channels through the conv: x, B and C
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+
+@dataclass
+class SSMCache:
+    """The last d_conv - 1 conv inputs and the SSM state per head."""
+
+    conv_state: torch.Tensor  # [B, conv_dim, d_conv - 1]
+    ssm_state: torch.Tensor  # [B, H, P, N]
+    length: int = 0
+
+
+@register("ssm")
+class Mamba2(Block):
+    Config = SSMConfig
+
+    def __init__(self, config: SSMConfig):
+        super().__init__(config)
+        c = config
+        H, N, G = c.n_heads, c.d_state, c.n_groups
+        self.in_proj = nn.Linear(c.d_model, 2 * c.d_inner + 2 * G * N + H, bias=c.bias)
+        self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, c.d_conv, groups=c.conv_dim,
+                                bias=c.conv_bias)
+        # Mamba-2's initialization: dt log-uniform in [dt_min, dt_max] through the inverse
+        # softplus, -A uniform in [a_init_min, a_init_max], D = 1.
+        dt = torch.exp(torch.rand(H) * (math.log(c.dt_max) - math.log(c.dt_min))
+                       + math.log(c.dt_min)).clamp(min=c.dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # [H]
+        self.A_log = nn.Parameter(torch.log(torch.empty(H).uniform_(c.a_init_min,
+                                                                    c.a_init_max)))  # [H]
+        self.D = nn.Parameter(torch.ones(H))  # [H]
+        self.norm_weight = nn.Parameter(torch.ones(c.d_inner))
+        self.out_proj = nn.Linear(c.d_inner, c.d_model, bias=c.bias)
+        self._conv_backend = "unresolved"
+
+    @classmethod
+    def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
+        """Mamba-2 with N = 16 (the small-model default) and with N = 64."""
+        return [("ssm (Mamba-2, N=16)", {"d_state": 16}),
+                ("ssm (Mamba-2, N=64)", {"d_state": 64})]
+
+    @property
+    def backend(self) -> str:
+        """The scan's backend and the conv's, as `scan+conv`, e.g. `chunked+conv1d`."""
+        return f"{self._backend}+{self._conv_backend}"
+
+    # ---------------------------------------------------------------- paths
+
+    def project(self, x: torch.Tensor, cache: SSMCache | None = None):
+        """z [B, T, d_inner], the scan's inputs x [B, T, H, P], dt [B, T, H], A [H],
+        B, C [B, T, G, N], and the conv state [B, conv_dim, d_conv - 1] after x."""
+        c = self.config
+        b, T, _ = x.shape
+        w = self.in_proj.weight.to(x.dtype)
+        bias = None if self.in_proj.bias is None else self.in_proj.bias.to(x.dtype)
+        z, xbc, dt = F.linear(x, w, bias).split([c.d_inner, c.conv_dim, c.n_heads], dim=-1)
+        xbc = xbc.transpose(1, 2)  # [B, conv_dim, T]; bf16 under autocast
+        weight = self.conv1d.weight[:, 0].to(xbc.dtype)  # [conv_dim, W]
+        conv_bias = None if self.conv1d.bias is None else self.conv1d.bias.to(xbc.dtype)
+        requested = c.conv_backend
+        if requested == "auto" and cache is not None and T == 1:
+            requested = "reference"  # one decoding step: W multiply-adds, no conv kernel
+        conv = CONV.resolve(requested, ConvSpec.of(xbc, weight))
+        self._conv_backend = conv.name
+        xbc, conv_state = conv.fn(xbc, weight, conv_bias, activation="silu",
+                                  initial_state=None if cache is None else cache.conv_state)
+        xs, B, C = xbc.transpose(1, 2).split(
+            [c.d_inner, c.n_groups * c.d_state, c.n_groups * c.d_state], dim=-1)
+        xs = xs.reshape(b, T, c.n_heads, c.head_dim)  # [B, T, H, P]
+        B = B.reshape(b, T, c.n_groups, c.d_state)  # [B, T, G, N]
+        C = C.reshape(b, T, c.n_groups, c.d_state)  # [B, T, G, N]
+        dt = F.softplus(dt + self.dt_bias.to(x.dtype))  # [B, T, H]
+        A = -torch.exp(self.A_log.to(x.dtype))  # [H]
+        return z, xs, dt, A, B, C, conv_state
+
+    def value_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """The values the scan mixes, per head [B, H, T, P]: the conv's x channels."""
+        return self.project(x)[1].transpose(1, 2)
+
+    def readout(self, mixed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, P] scan output -> y [B, T, D]: + D * x skip, gate by silu(z), group
+        RMSNorm, out_proj. Needs x [B, T, D] for the gate z and the skip term."""
+        z, xs = self.project(x)[:2]
+        return self._readout(mixed.transpose(1, 2), xs, z)
+
+    def _readout(self, y: torch.Tensor, xs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        b, T = y.shape[:2]
+        y = y + self.D.to(y.dtype)[:, None] * xs  # [B, T, H, P]
+        y = y.reshape(b, T, c.d_inner) * F.silu(z)  # gate before the norm (Mamba-2)
+        g = y.view(b, T, c.n_groups, -1)  # [B, T, G, d_inner / G]
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + c.norm_eps)
+        y = g.reshape(b, T, c.d_inner) * self.norm_weight.to(y.dtype)
+        w = self.out_proj.weight.to(y.dtype)
+        bias = None if self.out_proj.bias is None else self.out_proj.bias.to(y.dtype)
+        return F.linear(y, w, bias)  # [B, T, D]
+
+    def forward(self, x: torch.Tensor, cache: SSMCache | None = None) -> torch.Tensor:
+        self.check_input(x)
+        c = self.config
+        want = (c.n_heads, c.head_dim, c.d_state)
+        if cache is not None and tuple(cache.ssm_state.shape[1:]) != want:
+            raise ValueError(f"ssm cache holds a state of shape {tuple(cache.ssm_state.shape)}; "
+                             f"this block needs [B, {', '.join(map(str, want))}]")
+        z, xs, dt, A, B, C, conv_state = self.project(x, cache)
+        requested = c.backend
+        if requested == "auto" and cache is not None and x.shape[1] == 1:
+            requested = "reference"  # one decoding step: the recurrence is the whole cost
+        scan = SSD.resolve(requested, SSDSpec.of(xs, dt, B, C))
+        self._backend = scan.name
+        y, state = scan.fn(xs, dt, A, B, C, chunk_size=c.chunk_size,
+                           initial_state=None if cache is None else cache.ssm_state)
+        if cache is not None:
+            cache.conv_state = conv_state.to(cache.conv_state.dtype)
+            cache.ssm_state = state.to(cache.ssm_state.dtype)
+            cache.length += x.shape[1]
+        return self._readout(y, xs, z)
+
+    def init_cache(self, batch: int, max_len: int) -> SSMCache:
+        """Zero states; their size does not depend on max_len (accepted for the contract)."""
+        positive_int("init_cache", batch=batch, max_len=max_len)
+        c, p = self.config, self.in_proj.weight
+        return SSMCache(p.new_zeros(batch, c.conv_dim, c.d_conv - 1),
+                        p.new_zeros(batch, c.n_heads, c.head_dim, c.d_state))
+
+    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """Each head's semiseparable matrix [B, H, T, T] in fp32 (Mamba's "hidden attention",
+        Ali et al. 2024): M[t, s] = (C_t . B_s) exp(sum_{s<r<=t} dt_r A) dt_s for s <= t.
+
+        The scan's output is M @ value_heads(x) per head; the block's output is rebuilt as
+            y == self.readout(M @ self.value_heads(x), x)
+        where readout adds the D skip term, gates with silu(z), normalizes and projects.
+        """
+        self.check_input(x)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            _, _, dt, A, B, C, _ = self.project(x.float())
+            return ssd_mixing_matrix(dt, A, B, C)
+
+    def weight_matrices(self) -> dict[str, torch.Tensor]:
+        c = self.config
+        H, G, N, Di = c.n_heads, c.n_groups, c.d_state, c.d_inner
+        w = self.in_proj.weight.detach().float()  # rows: z, x, B, C, dt
+        wx = w[Di:2 * Di]  # [d_inner, D]
+        wb = w[2 * Di:2 * Di + G * N].view(G, N, c.d_model)
+        wc = w[2 * Di + G * N:2 * Di + 2 * G * N].view(G, N, c.d_model)
+        qk = (wc.transpose(1, 2) @ wb).repeat_interleave(H // G, dim=0)  # [H, D, D]
+        return {
+            "qk": qk,  # W_C^g W_B^g^T per head (before the conv): rank <= N
+            "value": wx.T,  # [D, d_inner]: the x slice of in_proj
+            "out": self.out_proj.weight.detach().float(),  # [D, d_inner]
+        }
+
+    def inference_state(self, cache: SSMCache) -> dict[str, torch.Tensor]:
+        """The SSM state per head [B, H, P, N]. The conv state (d_conv - 1 inputs) is cached
+        too but is not a state whose rank the budget caps."""
+        return {"state": cache.ssm_state}
+
+    def budget(self, seq_len: int) -> RankBudget:
+        positive_int("budget", seq_len=seq_len)
+        c = self.config
+        H, P, N, G, D, T = c.n_heads, c.head_dim, c.d_state, c.n_groups, c.d_model, seq_len
+        return RankBudget(
+            block=self.kind, seq_len=T, n_heads=H,
+            mixing=min(N, T // 2),  # N-semiseparable: off-diagonal blocks rank <= N
+            logits=N,
+            value_path=min(D, c.d_inner),
+            inference=min(N, P),  # per head
+            params=self.param_count(),
+            cache_elements=H * P * N + c.conv_dim * (c.d_conv - 1),
+            # in/out projections, the conv, and per head the state update and read-out
+            flops_per_token=(2 * D * (2 * c.d_inner + 2 * G * N + H) + 2 * c.conv_dim * c.d_conv
+                             + 2 * c.d_inner * D + 6 * H * P * N),
+        )
