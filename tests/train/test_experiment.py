@@ -1,0 +1,107 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from train.experiment import apply_override, load_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {
+    "name": "t", "seed": 1,
+    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
+    "model": {"d_model": 16, "n_layers": 1},
+    "block_defaults": {"n_heads": 2},
+    "variants": {"mha": {"block": "softmax"}, "mqa": {"block": "softmax", "n_kv_heads": 1}},
+}
+
+
+def write(tmp_path, raw) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_quick_config_loads():
+    exp = load_experiment(ROOT / "configs" / "quick.yaml")
+    assert exp.name == "quick"
+    assert {v.block_kwargs.get("n_kv_heads") for v in exp.variants.values()} == {None, 2, 1}
+
+
+def test_defaults_merge_and_overrides(tmp_path):
+    exp = load_experiment(write(tmp_path, BASE),
+                          ["train.max_steps=7", "variants.mqa.n_kv_heads=2", "seed=5",
+                           "monitor.eps=0.01", "train.precision=bf16-mixed"])
+    assert exp.train.max_steps == 7 and exp.seed == 5 and exp.monitor.eps == 0.01
+    assert exp.train.precision == "bf16-mixed"
+    assert exp.variants["mqa"].block_kwargs == {"n_heads": 2, "n_kv_heads": 2}
+    assert exp.variants["mha"].block_kwargs == {"n_heads": 2}
+    config = exp.variant_config("mqa")
+    assert config["block"] == {"name": "softmax", "n_heads": 2, "n_kv_heads": 2}
+    assert load_experiment(write(tmp_path, exp.to_dict())) == exp  # round trip
+
+
+@pytest.mark.parametrize("override, match", [
+    ("data.vocab_sise=64", r"'data\.vocab_sise'.*did you mean 'data\.vocab_size'"),
+    ("trian.max_steps=3", r"'trian'.*did you mean 'train'"),
+    ("variants.mqa.n_kv_head=1", r"'variants\.mqa\.n_kv_head'.*did you mean "
+                                 r"'variants\.mqa\.n_kv_heads'"),
+    ("block_defaults.n_haeds=1", r"'block_defaults\.n_haeds'.*did you mean"),
+])
+def test_unknown_keys_suggest(tmp_path, override, match):
+    with pytest.raises(ValueError, match=match):
+        load_experiment(write(tmp_path, BASE), [override])
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.max_steps", "bad override 'train.max_steps': expected key=value"),
+    ("=3", "bad override"),
+    ("a..b=3", "bad override"),
+    ("seed.x=3", r"seed is 1, not a mapping"),
+    ("train.max_steps=[1", "not valid YAML"),
+])
+def test_bad_overrides(tmp_path, override, match):
+    with pytest.raises(ValueError, match=match):
+        load_experiment(write(tmp_path, BASE), [override])
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.max_steps=ten", r"train\.max_steps must be int, got 'ten'"),
+    ("train.max_steps=0", r"train\.max_steps must be > 0, got 0"),
+    ("variants.mqa.n_kv_heads=3", r"variants\.mqa: .*n_kv_heads \(3\)"),
+    ("variants.mqa.block=nope", r"variants\.mqa\.block: unknown block key 'nope'"),
+    ("variants.mqa.d_model=8", r"variants\.mqa: set model\.d_model"),
+    ("data.num_kv_pairs=9", r"num_kv_pairs \(9\) too large for seq_len \(16\)"),
+    ("data.task=copy", r"data\.task must be one of \['mqar'\]"),
+    ("name=a/b", "name must be"),
+    ("variants={}", "variants must be a non-empty mapping"),
+])
+def test_bad_values_are_named(tmp_path, override, match):
+    with pytest.raises(ValueError, match=match):
+        load_experiment(write(tmp_path, BASE), [override])
+
+
+def test_errors_name_the_file(tmp_path):
+    path = write(tmp_path, BASE)
+    with pytest.raises(ValueError, match=str(path)):
+        load_experiment(path, ["model.d_model=-1"])
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_experiment(tmp_path / "nope.yaml")
+    with pytest.raises(FileNotFoundError, match="is a directory"):
+        load_experiment(tmp_path)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        load_experiment(empty)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [x\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_experiment(broken)
+
+
+def test_apply_override_creates_missing_sections():
+    raw = {}
+    apply_override(raw, "train.lr=1e-3")
+    assert raw == {"train": {"lr": 0.001}}

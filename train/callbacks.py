@@ -1,0 +1,150 @@
+"""RankMonitor: measure realized ranks on a fixed probe batch every N steps.
+
+On global rank zero only, every `every_n_steps` optimizer steps and once at the end of
+training, the monitor runs `budgets.probe_model` on the probe batch and
+
+- appends one JSON line `{"step": global_step, **probe}` to `ranks.jsonl`;
+- logs a handful of per-layer/per-head scalars through the trainer's loggers, e.g.
+  `rank/L0/mixing_centered/erank/h0` and the layer mean `rank/L0/mixing_centered/erank/mean`;
+- adds singular-value histograms (`spectrum/L0/qk`) to TensorBoard.
+
+Sparse metrics go through `logger.log_metrics(..., step=global_step)`, never
+`pl_module.log`, which would re-emit stale values at every logging flush. A step already
+recorded in `ranks.jsonl` is never measured again, so a resumed run continues the file
+without duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+import budgets
+
+# (quantity, metric) pairs logged as scalars: a few, so TensorBoard stays readable.
+DEFAULT_SCALARS = (
+    ("mixing_centered", "erank"),
+    ("mixing", "erank"),
+    ("past_future", "rank_eps"),
+    ("qk", "rank_eps"),
+    ("value", "rank_eps"),
+    ("inference.k", "erank"),
+)
+DEFAULT_HISTOGRAMS = ("mixing_centered", "qk", "value", "inference.k", "inference.v")
+
+
+def read_steps(path: Path) -> list[int]:
+    """Steps recorded in a ranks.jsonl file (empty when it does not exist)."""
+    if not path.exists():
+        return []
+    steps = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{i}: not a ranks record ({e})") from None
+    return steps
+
+
+def _repair_tail(path: Path) -> None:
+    """Drop a last line cut short by a crash mid-write (it has no newline and no JSON)."""
+    if not path.exists():
+        return
+    text = path.read_text()
+    if not text or text.endswith("\n"):
+        return
+    head, _, tail = text.rpartition("\n")
+    try:
+        json.loads(tail)
+        path.write_text(text + "\n")
+    except ValueError:
+        warnings.warn(f"{path}: dropping an incomplete last line left by an interrupted run",
+                      stacklevel=2)
+        path.write_text(head + "\n" if head else "")
+
+
+class RankMonitor(Callback):
+    def __init__(self, every_n_steps: int, probe_batch: torch.Tensor, eps: float = 0.1,
+                 out_path: str | Path = "ranks.jsonl",
+                 scalars: tuple[tuple[str, str], ...] = DEFAULT_SCALARS,
+                 histograms: tuple[str, ...] | None = DEFAULT_HISTOGRAMS):
+        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"RankMonitor.every_n_steps must be a positive int, "
+                             f"got {every_n_steps!r}")
+        if probe_batch.dim() != 2:
+            raise ValueError(f"RankMonitor.probe_batch must be tokens [B, T], "
+                             f"got shape {tuple(probe_batch.shape)}")
+        self.every_n_steps = every_n_steps
+        self.probe_batch = probe_batch
+        self.eps = eps
+        self.out_path = Path(out_path)
+        self.scalars = tuple(scalars)
+        self.histograms = tuple(histograms or ())
+        self.last_step = -1
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if trainer.is_global_zero:
+            _repair_tail(self.out_path)
+            steps = read_steps(self.out_path)
+            self.last_step = max(steps, default=-1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step  # already counts this batch's optimizer step
+        if step % self.every_n_steps == 0:
+            self.measure(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.measure(trainer, pl_module)
+
+    def measure(self, trainer, pl_module) -> dict | None:
+        """Probe, record and log at the current step; None if skipped."""
+        step = trainer.global_step
+        if not trainer.is_global_zero or step <= self.last_step:
+            return None
+        model = getattr(pl_module, "model", pl_module)
+        batch = self.probe_batch.to(pl_module.device)
+        with torch.autocast(pl_module.device.type, enabled=False):
+            probe = budgets.probe_model(model, batch, eps=self.eps,
+                                        with_spectra=bool(self.histograms))
+        spectra = {layer["layer"]: layer.pop("spectra", {}) for layer in probe["layers"]}
+        record = {"step": step, **probe}
+        self.out_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.out_path.open("a") as f:  # one write per line: a crash leaves whole lines
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.last_step = step
+        self._log(trainer, probe, spectra, step)
+        return record
+
+    def _log(self, trainer, probe: dict, spectra: dict, step: int) -> None:
+        metrics: dict[str, float] = {}
+        for layer in probe["layers"]:
+            i, quantities = layer["layer"], layer["quantities"]
+            for quantity, metric in self.scalars:
+                values = quantities.get(quantity, {}).get(metric)
+                if not values:
+                    continue
+                tag = f"rank/L{i}/{quantity}/{metric}"
+                if len(values) > 1:
+                    for h, v in enumerate(values):
+                        metrics[f"{tag}/h{h}"] = v
+                metrics[f"{tag}/mean"] = sum(values) / len(values)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+            writer = getattr(logger, "experiment", None)
+            if not hasattr(writer, "add_histogram"):
+                continue
+            for i, by_quantity in spectra.items():
+                for quantity in self.histograms:
+                    s = by_quantity.get(quantity)
+                    if s is not None and s.numel() and torch.isfinite(s).all():
+                        writer.add_histogram(f"spectrum/L{i}/{quantity}", s.float().flatten(),
+                                             global_step=step)

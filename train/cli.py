@@ -1,0 +1,199 @@
+"""The `rankzoo` command: blocks, train, report.
+
+Every verb prints rich tables for people, or with `--format json` exactly one JSON
+document on stdout for programs (progress and notes go to stderr). Bad input ends with a
+one-line `rankzoo: error: ...` on stderr and exit code 2. Lightning is imported only by
+`train`, so `blocks` and `report` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rankzoo",
+        description="An attention-architecture zoo with rank-budget accounting.")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="{blocks,train,report}")
+
+    b = sub.add_parser("blocks", help="the zoo: declared budgets, costs, kernels available here")
+    b.add_argument("--d-model", type=_positive_int, default=256)
+    b.add_argument("--n-heads", type=_positive_int, default=8)
+    b.add_argument("--seq-len", type=_positive_int, default=1024)
+    b.add_argument("--format", choices=("table", "json"), default="table")
+
+    t = sub.add_parser("train", help="train the side-by-side variants of an experiment")
+    t.add_argument("config", help="experiment YAML, e.g. configs/quick.yaml")
+    t.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides parsed as YAML, e.g. train.max_steps=100")
+    t.add_argument("--runs-dir", default="runs", help="parent of the run directory (runs)")
+    mode = t.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true",
+                      help="delete an existing run directory of this experiment and redo it")
+    mode.add_argument("--resume", action="store_true",
+                      help="continue each variant from its checkpoints/last.ckpt")
+    t.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: print the final report as one JSON document on stdout")
+
+    r = sub.add_parser("report", help="declared vs realized ranks of a finished run")
+    r.add_argument("run_dir", help="runs/<experiment> (all variants) or one variant directory")
+    r.add_argument("--format", choices=("table", "md", "json"), default="table")
+    return p
+
+
+# ---------------------------------------------------------------- blocks
+
+BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
+
+
+def blocks_document(d_model: int, n_heads: int, seq_len: int) -> dict:
+    import zoo
+
+    rows = []
+    for name in zoo.names():
+        cls = zoo.block_class(name)
+        presets = cls.variants(d_model, n_heads) if hasattr(cls, "variants") else [(name, {})]
+        for label, kwargs in presets:
+            kwargs = {"d_model": d_model, "n_heads": n_heads, **kwargs}
+            try:
+                block = zoo.build(name, **kwargs)
+            except ValueError as e:
+                raise ValueError(f"block {label!r} at d_model={d_model}, n_heads={n_heads}: "
+                                 f"{e}") from None
+            budget = block.budget(seq_len)
+            rows.append({
+                "block": name, "variant": label, "kwargs": kwargs,
+                "budget": {**{axis: getattr(budget, axis) for axis in BUDGET_AXES},
+                           "total": budget.total},
+                "params": budget.params or block.param_count(),
+                "cache_elements": budget.cache_elements,
+                "flops_per_token": budget.flops_per_token,
+            })
+    return {"d_model": d_model, "n_heads": n_heads, "seq_len": seq_len, "blocks": rows,
+            "backends": zoo.backends_available()}
+
+
+def blocks_tables(doc: dict) -> list[Table]:
+    table = Table(title=f"rankzoo blocks at d_model={doc['d_model']}, n_heads={doc['n_heads']}, "
+                        f"seq_len={doc['seq_len']}",
+                  caption="declared rank caps per layer (total = value_path + adapter + "
+                          "inference); cache = elements per sequence at seq_len")
+    for col in ("block", *BUDGET_AXES, "total", "params", "cache", "FLOPs/token"):
+        table.add_column(col, justify="left" if col == "block" else "right")
+    for row in doc["blocks"]:
+        b = row["budget"]
+        table.add_row(row["variant"], *(str(b[a]) for a in BUDGET_AXES),
+                      str(b["total"]), f"{row['params']:,}", f"{row['cache_elements']:,}",
+                      f"{row['flops_per_token']:,}")
+    kernels = Table(title="kernel backends on this machine")
+    for col in ("op", "backend", "available"):
+        kernels.add_column(col)
+    for op, backends in doc["backends"].items():
+        for backend, reason in backends.items():
+            kernels.add_row(op, backend, "yes" if reason is None else f"no: {reason}")
+    return [table, kernels]
+
+
+def cmd_blocks(args, out: Console) -> int:
+    doc = blocks_document(args.d_model, args.n_heads, args.seq_len)
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        for table in blocks_tables(doc):
+            out.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------- train
+
+def cmd_train(args, out: Console) -> int:
+    import budgets
+
+    from .experiment import load_experiment
+
+    exp = load_experiment(args.config, args.overrides)  # fails before Lightning is imported
+    from .results import summary_table
+    from .run import train_experiment
+
+    report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
+                              resume=args.resume, console=console(stderr=True))
+    if args.format == "json":
+        print(budgets.to_json(report))
+    else:
+        out.print(budgets.render_table(report))
+        out.print(summary_table(report))
+    return 0
+
+
+# ---------------------------------------------------------------- report
+
+def cmd_report(args, out: Console) -> int:
+    import budgets
+
+    from .results import load_run, report_markdown, summary_table
+
+    report = load_run(args.run_dir)
+    if args.format == "json":
+        print(budgets.to_json(report))
+    elif args.format == "md":
+        print(report_markdown(report), end="")
+    else:
+        out.print(budgets.render_table(report))
+        out.print(summary_table(report))
+    return 0
+
+
+def is_backend_error(e: RuntimeError) -> bool:
+    """A kernel backend asked for by name that cannot serve here: bad input, not a bug."""
+    text = str(e)
+    return " backend " in text and "can" in text and "serve" in text
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console; 160 columns wide when not a terminal (logs, pipes, CI)."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=160)
+
+
+COMMANDS = {"blocks": cmd_blocks, "train": cmd_train, "report": cmd_report}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = console()
+    try:
+        return COMMANDS[args.verb](args, out)
+    except (*BAD_INPUT, RuntimeError) as e:
+        if os.environ.get("RANKZOO_DEBUG") or (isinstance(e, RuntimeError)
+                                                and not is_backend_error(e)):
+            raise
+        message = str(e).replace("\n", " ")
+        print(f"rankzoo: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rankzoo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""Experiment configs: YAML plus `key=value` overrides, strictly validated.
+
+An experiment is one data task, one model spec and several variants that differ only in
+their block. Every section is a frozen dataclass that rejects unknown keys with a
+suggestion, and each variant's block config is built (without weights) while loading, so
+a bad config fails before any training starts.
+
+    name: quick
+    seed: 0
+    data: {task: mqar, vocab_size: 128, seq_len: 64, num_kv_pairs: 8, ...}
+    model: {d_model: 64, n_layers: 2, mlp_ratio: 4.0}
+    block_defaults: {n_heads: 4}          # merged under every variant's block kwargs
+    variants:
+      mha: {block: softmax}
+      mqa: {block: softmax, n_kv_heads: 1}
+    train: {max_steps: 600, lr: 3.0e-3, ...}
+    monitor: {every_n_steps: 100, eps: 0.1, probe_size: 16}
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import zoo
+from zoo.config import StrictConfig, unknown_key_error
+
+from .data import MQARSpec
+from .model import NORMS
+
+TASKS = ("mqar",)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `1e-3` as a float (YAML 1.2) rather than a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+_UnionType = type(int | None)
+
+
+def _check_types(cfg: StrictConfig, section: str) -> None:
+    """Check each field against its annotation (int, float, bool, str, X | None)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value, hint = getattr(cfg, f.name), hints[f.name]
+        allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
+                                                                       _UnionType) else (hint,)
+        if any(_is_instance(value, t) for t in allowed):
+            continue
+        names = " or ".join("null" if t is type(None) else getattr(t, "__name__", str(t))
+                            for t in allowed)
+        raise ValueError(f"{section}.{f.name} must be {names}, got {value!r}")
+
+
+def _is_instance(value: Any, t: Any) -> bool:
+    if t is type(None):
+        return value is None
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    origin = typing.get_origin(t) or t
+    return isinstance(value, origin)
+
+
+def _positive(section: str, **values: Any) -> None:
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig(StrictConfig):
+    task: str = "mqar"
+    vocab_size: int = 128
+    seq_len: int = 64
+    num_kv_pairs: int = 8
+    train_size: int = 20000
+    val_size: int = 512
+    batch_size: int = 64
+    power_a: float = 0.01  # MQAR's query gap distribution: p(gap) ~ gap^(power_a - 1)
+    random_non_queries: bool = True
+
+    def validate(self) -> None:
+        _check_types(self, "data")
+        if self.task not in TASKS:
+            raise ValueError(f"data.task must be one of {list(TASKS)}, got {self.task!r}")
+        _positive("data", train_size=self.train_size, val_size=self.val_size,
+                  batch_size=self.batch_size)
+        self.mqar_spec()  # names the bad values
+
+    def mqar_spec(self) -> MQARSpec:
+        return MQARSpec(self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a,
+                        self.random_non_queries)
+
+
+@dataclass(frozen=True)
+class ModelConfig(StrictConfig):
+    d_model: int = 64
+    n_layers: int = 2
+    mlp_ratio: float = 4.0
+    d_mlp: int | None = None  # overrides mlp_ratio when set
+    norm: str = "rmsnorm"
+    tie_embeddings: bool = False
+
+    def validate(self) -> None:
+        _check_types(self, "model")
+        _positive("model", d_model=self.d_model, n_layers=self.n_layers,
+                  mlp_ratio=self.mlp_ratio, d_mlp=self.d_mlp)
+        if self.norm not in NORMS:
+            raise ValueError(f"model.norm must be one of {list(NORMS)}, got {self.norm!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(StrictConfig):
+    max_steps: int = 600
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    warmup_steps: int = 50
+    grad_clip: float | None = 1.0
+    precision: str = "32-true"
+    accelerator: str = "cpu"
+    devices: int | str = 1
+    strategy: str = "auto"
+    val_every_n_steps: int = 100
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 100
+
+    def validate(self) -> None:
+        _check_types(self, "train")
+        _positive("train", max_steps=self.max_steps, lr=self.lr, grad_clip=self.grad_clip,
+                  val_every_n_steps=self.val_every_n_steps,
+                  log_every_n_steps=self.log_every_n_steps,
+                  checkpoint_every_n_steps=self.checkpoint_every_n_steps)
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class MonitorConfig(StrictConfig):
+    every_n_steps: int = 100
+    eps: float = 0.1
+    probe_size: int = 8  # validation examples in the fixed probe batch
+    histograms: bool = True
+
+    def validate(self) -> None:
+        _check_types(self, "monitor")
+        _positive("monitor", every_n_steps=self.every_n_steps, probe_size=self.probe_size)
+        if not 0 < self.eps < 1:
+            raise ValueError(f"monitor.eps must be in (0, 1), got {self.eps}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant: a zoo block name and its kwargs (block_defaults merged in)."""
+
+    name: str
+    block: str
+    block_kwargs: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, **self.block_kwargs}
+
+
+SECTIONS: dict[str, type[StrictConfig]] = {
+    "data": DataConfig, "model": ModelConfig, "train": TrainConfig, "monitor": MonitorConfig,
+}
+TOP_LEVEL = ["name", "seed", *SECTIONS, "block_defaults", "variants"]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    variants: dict[str, Variant]
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    block_defaults: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config, as YAML would hold it (loads back to an equal Experiment)."""
+        return {
+            "name": self.name, "seed": self.seed,
+            **{s: getattr(self, s).to_dict() for s in SECTIONS},
+            "block_defaults": dict(self.block_defaults),
+            "variants": {n: v.to_dict() for n, v in self.variants.items()},
+        }
+
+    def variant_config(self, variant: str) -> dict[str, Any]:
+        """Everything one variant's run depends on, as a plain nested dict."""
+        v = self.variants[variant]
+        return {
+            "experiment": self.name, "variant": variant, "seed": self.seed,
+            "data": self.data.to_dict(), "model": self.model.to_dict(),
+            "block": {"name": v.block, **v.block_kwargs},
+            "train": self.train.to_dict(), "monitor": self.monitor.to_dict(),
+        }
+
+
+def _section(raw: Any, cls: type[StrictConfig], section: str) -> StrictConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{section} must be a mapping of keys to values, got {raw!r}")
+    known = [f.name for f in fields(cls) if f.init]
+    for key in raw:
+        if key not in known:
+            raise unknown_key_error("experiment", f"{section}.{key}",
+                                    [f"{section}.{k}" for k in known])
+    try:
+        return cls(**raw)
+    except TypeError as e:  # e.g. a missing required field
+        raise ValueError(f"{section}: {e}") from e
+
+
+def _variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -> Variant:
+    where = f"variants.{name}"
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(f"variant name {name!r} must be letters, digits, '_', '.' or '-' "
+                         "(it names a directory)")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be a mapping with at least 'block', got {raw!r}")
+    raw = dict(raw)
+    block = raw.pop("block", None)
+    if block is None:
+        raise ValueError(f"{where}.block is missing; one of {zoo.names()}")
+    try:
+        cls = zoo.block_class(block)
+    except ValueError as e:
+        raise ValueError(f"{where}.block: {e}") from None
+    kwargs = {**defaults, **raw}
+    if "d_model" in kwargs:
+        raise ValueError(f"{where}: set model.d_model ({d_model}), not the block's d_model")
+    known = [f.name for f in fields(cls.Config) if f.init]
+    for key in kwargs:
+        if key not in known:
+            owner = where if key in raw else "block_defaults"
+            raise unknown_key_error(f"{block} block", f"{owner}.{key}",
+                                    [f"{owner}.{k}" for k in known])
+    try:
+        cls.Config.from_dict(kwargs, d_model=d_model)  # validates every value
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    return Variant(name, block, kwargs)
+
+
+def parse_experiment(raw: Any, source: str = "<config>") -> Experiment:
+    """Build a validated Experiment from a nested dict; errors are prefixed by `source`."""
+    try:
+        return _parse(raw)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def _parse(raw: Any) -> Experiment:
+    if not isinstance(raw, dict):
+        raise ValueError(f"an experiment must be a mapping, got {type(raw).__name__}")
+    for key in raw:
+        if key not in TOP_LEVEL:
+            raise unknown_key_error("experiment", str(key), TOP_LEVEL)
+    name = raw.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(f"name must be letters, digits, '_', '.' or '-' (it names the run "
+                         f"directory), got {name!r}")
+    seed = raw.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    sections = {s: _section(raw.get(s), cls, s) for s, cls in SECTIONS.items()}
+    defaults = raw.get("block_defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ValueError(f"block_defaults must be a mapping, got {defaults!r}")
+    variants_raw = raw.get("variants")
+    if not isinstance(variants_raw, dict) or not variants_raw:
+        raise ValueError("variants must be a non-empty mapping of name -> {block: ..., ...}")
+    d_model = sections["model"].d_model
+    variants = {n: _variant(n, v, defaults, d_model) for n, v in variants_raw.items()}
+    return Experiment(name=name, seed=seed, variants=variants, block_defaults=dict(defaults),
+                      **sections)
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Apply one `a.b.c=value` override in place; value is parsed as a YAML scalar."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or not key or any(not p for p in parts):
+        raise ValueError(f"bad override {override!r}: expected key=value with a dotted key, "
+                         "e.g. train.max_steps=100")
+    try:
+        value = yaml_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ValueError(f"bad override {override!r}: value is not valid YAML ({e})") from None
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ValueError(f"bad override {override!r}: {'.'.join(parts[:i + 1])} is "
+                             f"{child!r}, not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
+    """Read a YAML experiment, apply `key=value` overrides, validate everything."""
+    path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"experiment config {path} is a directory, not a YAML file")
+    if not path.is_file():
+        raise FileNotFoundError(f"experiment config not found: {path}")
+    try:
+        raw = yaml_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    if raw is None:
+        raise ValueError(f"{path}: the experiment config is empty")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: an experiment must be a mapping, got {type(raw).__name__}")
+    for override in overrides:
+        apply_override(raw, override)
+    return parse_experiment(raw, source=str(path))

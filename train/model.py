@@ -1,0 +1,145 @@
+"""A small decoder-only language model whose token mixer is any zoo block.
+
+Reading order: Norm, MLP, Layer (pre-norm residual: norm -> block -> add, norm -> MLP -> add),
+DecoderLM (embedding, n_layers x Layer, final norm, LM head).
+
+Weight init: the MLP and the LM head as in GPT-2/nanoGPT (N(0, 0.02), the MLP's output
+projection scaled by 1/sqrt(2 * n_layers) because each layer adds into the residual stream
+twice); the zoo blocks keep the initialization their own family defines (the LM does not
+reach into them); the token embedding N(0, 1), PyTorch's default, so that a token's own
+identity is not drowned in the residual stream by the blocks' outputs at init. With
+N(0, 0.02) embeddings the mixer outputs are ~20x larger than the embedding at init, and a
+2-layer model sat on MQAR's "guess a value from the context" plateau for thousands of
+steps; with N(0, 1) it left it within a few hundred. The head is untied by default: tied to
+N(0, 1) embeddings it starts with logits of size ~d_model (initial loss ~60, not ln V).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zoo
+
+NORMS = ("rmsnorm", "layernorm")
+
+
+def make_norm(kind: str, d_model: int) -> nn.Module:
+    if kind == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=1e-6)
+    if kind == "layernorm":
+        return nn.LayerNorm(d_model)
+    raise ValueError(f"norm must be one of {list(NORMS)}, got {kind!r}")
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, d_mlp, bias=False)
+        self.down = nn.Linear(d_mlp, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, D]
+        return self.down(F.gelu(self.up(x)))  # [B, T, D]
+
+
+class Layer(nn.Module):
+    """x + mixer(norm(x)), then x + mlp(norm(x)); `mixer` is the zoo block."""
+
+    def __init__(self, d_model: int, d_mlp: int, mixer: nn.Module, norm: str):
+        super().__init__()
+        self.norm1 = make_norm(norm, d_model)
+        self.mixer = mixer
+        self.norm2 = make_norm(norm, d_model)
+        self.mlp = MLP(d_model, d_mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, D]
+        x = x + self.mixer(self.norm1(x))  # [B, T, D]
+        x = x + self.mlp(self.norm2(x))  # [B, T, D]
+        return x
+
+
+class DecoderLM(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        n_layers: int,
+        block: str,
+        block_kwargs: dict[str, Any] | None = None,
+        mlp_ratio: float = 4.0,
+        d_mlp: int | None = None,
+        max_len: int = 2048,
+        norm: str = "rmsnorm",
+        tie_embeddings: bool = False,
+    ):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
+                            ("n_layers", n_layers), ("max_len", max_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DecoderLM.{name} must be a positive int, got {value!r}")
+        if d_mlp is None:
+            if not mlp_ratio > 0:
+                raise ValueError(f"DecoderLM.mlp_ratio must be > 0, got {mlp_ratio!r}")
+            d_mlp = max(1, round(mlp_ratio * d_model))
+        elif not isinstance(d_mlp, int) or d_mlp < 1:
+            raise ValueError(f"DecoderLM.d_mlp must be a positive int, got {d_mlp!r}")
+        block_kwargs = dict(block_kwargs or {})
+        if "d_model" in block_kwargs:
+            raise ValueError("block_kwargs must not set d_model: the LM passes its own "
+                             f"d_model ({d_model}) to every block")
+        self.vocab_size, self.d_model, self.max_len = vocab_size, d_model, max_len
+        self.d_mlp = d_mlp
+
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(
+            Layer(d_model, d_mlp, zoo.build(block, d_model=d_model, **block_kwargs), norm)
+            for _ in range(n_layers)
+        )
+        self.norm = make_norm(norm, d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+        self._init_weights(n_layers)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The zoo blocks, one per layer, in order."""
+        return [layer.mixer for layer in self.layers]
+
+    def _init_weights(self, n_layers: int) -> None:
+        block_params = {id(p) for b in self.blocks for p in b.parameters()}
+        for module in self.modules():
+            if any(id(p) in block_params for p in module.parameters(recurse=False)):
+                continue  # a zoo block's own module: its family's init stands
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=1.0)
+        for layer in self.layers:
+            nn.init.normal_(layer.mlp.down.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
+
+    def param_count(self) -> int:
+        """Trainable parameters, the tied embedding/head counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens: [B, T]
+        if tokens.dim() != 2:
+            raise ValueError(f"DecoderLM: expected tokens of shape [B, T], "
+                             f"got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"DecoderLM: expected integer tokens, got {tokens.dtype}")
+        if tokens.shape[1] > self.max_len:
+            raise ValueError(f"DecoderLM: sequence length {tokens.shape[1]} exceeds "
+                             f"max_len {self.max_len}")
+        x = self.embed(tokens)  # [B, T, D]
+        for layer in self.layers:
+            x = layer(x)  # [B, T, D]
+        x = self.norm(x)  # [B, T, D]
+        return self.head(x)  # [B, T, vocab]

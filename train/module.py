@@ -1,0 +1,79 @@
+"""The LightningModule: a DecoderLM trained with cross-entropy at the labelled positions."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from .data import IGNORE, accuracy
+from .model import DecoderLM
+
+
+def build_model(config: dict[str, Any]) -> DecoderLM:
+    """The DecoderLM of one resolved variant config (Experiment.variant_config)."""
+    data, model, block = config["data"], config["model"], dict(config["block"])
+    name = block.pop("name")
+    return DecoderLM(
+        vocab_size=data["vocab_size"], d_model=model["d_model"], n_layers=model["n_layers"],
+        block=name, block_kwargs=block, mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
+        max_len=data["seq_len"], norm=model["norm"], tie_embeddings=model["tie_embeddings"],
+    )
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warmup to 1 over `warmup` steps, cosine down to min_ratio."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LMModule(L.LightningModule):
+    def __init__(self, config: dict[str, Any]):
+        super().__init__()
+        self.save_hyperparameters()  # hparams.config: the resolved variant config
+        self.config = config
+        self.model = build_model(config)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens: [B, T]
+        return self.model(tokens)  # [B, T, vocab]
+
+    def _loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, labels = batch  # [B, T], [B, T]
+        logits = self.model(tokens)  # [B, T, vocab]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+        return loss, logits
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        loss, logits = self._loss(batch)
+        acc, count = accuracy(logits, batch[1])
+        self.log("val/loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        # weighted by the number of query positions, so the epoch value is exact
+        self.log("val/accuracy", acc, prog_bar=True, batch_size=max(count, 1))
+
+    def configure_optimizers(self):
+        t = self.config["train"]
+        # decay matrices (projections, embedding), not norms' gains or biases
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": t["weight_decay"]},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=t["lr"], betas=(t["beta1"], t["beta2"]),
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: warmup_cosine(step, t["warmup_steps"], t["max_steps"], t["min_lr_ratio"]),
+        )
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

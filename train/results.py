@@ -1,0 +1,127 @@
+"""Reading finished runs back: report.json files, ranks.jsonl, the variant summary.
+
+Nothing here imports Lightning and nothing here writes: `rankzoo report` uses it to read
+a run directory without touching it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.table import Table
+
+import budgets
+
+EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
+VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
+SUMMARY_METRICS = ("val/accuracy", "val/loss", "train/loss")
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Metrics as floats, non-finite ones dropped (JSON has no NaN)."""
+    out = {}
+    for k, v in metrics.items():
+        v = float(v)
+        if math.isfinite(v):
+            out[k] = v
+    return out
+
+
+def last_record(path: Path) -> dict:
+    """The last JSON line of a ranks.jsonl file."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"{path} holds no rank records")
+    try:
+        return json.loads(lines[-1])
+    except ValueError as e:
+        raise ValueError(f"{path}:{len(lines)}: corrupt rank record ({e})") from None
+
+
+def merge_reports(reports: list[dict], experiment: str = "") -> dict:
+    """One report with the variant sections of several (same schema and version)."""
+    if not reports:
+        raise ValueError("no reports to merge")
+    head = {k: v for k, v in reports[0].items() if k != "variants"}
+    head["experiment"] = experiment or head.get("experiment", "")
+    return {**head, "variants": [v for r in reports for v in r["variants"]]}
+
+
+def is_variant_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in VARIANT_FILES)
+
+
+def variant_report(vdir: Path) -> dict:
+    """A variant's report: its report.json, else rebuilt from ranks.jsonl's last line."""
+    if (vdir / "report.json").is_file():
+        return budgets.load_report(vdir / "report.json")
+    ranks = vdir / "ranks.jsonl"
+    if not ranks.is_file():
+        raise FileNotFoundError(f"no results in {vdir}: neither report.json nor ranks.jsonl")
+    record = last_record(ranks)
+    config: dict[str, Any] = {}
+    if (vdir / "config.yaml").is_file():
+        config = yaml.safe_load((vdir / "config.yaml").read_text()) or {}
+    probe = {k: v for k, v in record.items() if k != "step"}
+    entry = {"probe": probe, "step": record["step"], "params": config.get("params", 0)}
+    return budgets.build_report({config.get("variant", vdir.name): entry},
+                                experiment=config.get("experiment", ""))
+
+
+def variant_dirs(exp_dir: Path) -> list[Path]:
+    """An experiment's variant directories, in the experiment's order when it is recorded."""
+    order: list[str] = []
+    if (exp_dir / EXPERIMENT_FILE).is_file():
+        raw = yaml.safe_load((exp_dir / EXPERIMENT_FILE).read_text()) or {}
+        order = list((raw.get("variants") or {}).keys())
+    found = sorted(p for p in exp_dir.iterdir() if p.is_dir() and is_variant_dir(p))
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(found, key=lambda p: (rank.get(p.name, len(order)), p.name))
+
+
+def load_run(run_dir: str | Path) -> dict:
+    """The report of an experiment directory (all variants) or of one variant directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"run directory not found: {run_dir}")
+    if not run_dir.is_dir():
+        raise ValueError(f"not a run directory: {run_dir} is a file")
+    if is_variant_dir(run_dir):
+        return variant_report(run_dir)
+    vdirs = variant_dirs(run_dir)
+    if not vdirs:
+        raise FileNotFoundError(f"no results in {run_dir}: no report.json or ranks.jsonl in it "
+                                "or in its variant directories")
+    return merge_reports([variant_report(v) for v in vdirs], experiment=run_dir.name)
+
+
+def summary_table(report: dict) -> Table:
+    """One row per variant: step, parameters, declared total, headline metrics."""
+    table = Table(title=f"variants: {report.get('experiment') or '(unnamed)'}")
+    for col in ("variant", "step", "params", "budget total", *SUMMARY_METRICS):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for v in report["variants"]:
+        m = v.get("metrics", {})
+        table.add_row(v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
+                      *("-" if k not in m else f"{m[k]:.4g}" for k in SUMMARY_METRICS))
+    return table
+
+
+def summary_markdown(report: dict) -> str:
+    cols = ("variant", "step", "params", "budget total", *SUMMARY_METRICS)
+    lines = ["## Variants", "", "| " + " | ".join(cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
+    for v in report["variants"]:
+        m = v.get("metrics", {})
+        cells = [v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
+                 *("-" if k not in m else f"{m[k]:.4g}" for k in SUMMARY_METRICS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(report: dict) -> str:
+    return budgets.to_markdown(report) + "\n" + summary_markdown(report)

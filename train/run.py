@@ -1,0 +1,210 @@
+"""Train every variant of an experiment, one after another, and write the run directory.
+
+    runs/<experiment>/                 TensorBoard root (variants overlay), experiment.yaml
+    runs/<experiment>/<variant>/       config.yaml, checkpoints/last.ckpt, ranks.jsonl,
+                                       report.json, TensorBoard event files, hparams.yaml
+    runs/<experiment>/report.md        the side-by-side rank-budget report
+
+Lightning supplies the loop, devices, precision, checkpoints and the progress bar; this
+module only wires the pieces together. Each variant starts from the same seed, sees the
+same data in the same order and runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from rich.console import Console
+
+import budgets
+
+from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
+from .data import mqar_loaders
+from .experiment import Experiment
+from .module import LMModule, build_model
+from .results import (
+    EXPERIMENT_FILE,
+    finite_metrics,
+    last_record,
+    report_markdown,
+    summary_table,
+)
+
+
+def quiet_lightning() -> None:
+    """Keep Lightning to warnings, and drop the ones that do not apply to small CPU runs."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in (".*does not have many workers.*",
+                    ".*smaller than the logging interval.*",
+                    ".*Checkpoint directory .* exists and is not empty.*",
+                    ".*treespec, LeafSpec.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+class StepProgressBar(RichProgressBar):
+    """Lightning's rich bar, without the "Epoch 0/-2" it shows when only max_steps is set."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return f"Epoch {current_epoch}"
+
+
+class ValidationLog(Callback):
+    """One line per validation: the plain-text stand-in for the progress bar."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            shown = " ".join(f"{k} {float(v):.4g}" for k, v in trainer.callback_metrics.items()
+                             if k.startswith(("train/loss", "val/")))
+            self.console.print(f"  step {trainer.global_step}: {shown}")
+
+
+def prepare_run_dir(exp_dir: Path, overwrite: bool = False, resume: bool = False) -> None:
+    """Refuse an existing run directory unless asked to overwrite (delete) or resume it."""
+    if overwrite and resume:
+        raise ValueError("choose one of --overwrite and --resume, not both")
+    if resume:
+        if not exp_dir.is_dir():
+            raise FileNotFoundError(f"nothing to resume: run directory {exp_dir} does not exist")
+        return
+    if not exp_dir.exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"run directory {exp_dir} already exists; pass --overwrite to "
+                              "delete and redo it, or --resume to continue it")
+    if not exp_dir.is_dir():
+        raise FileExistsError(f"{exp_dir} exists and is not a directory; not deleting it")
+    if any(exp_dir.iterdir()) and not (exp_dir / EXPERIMENT_FILE).is_file():
+        raise FileExistsError(f"{exp_dir} does not look like a rankzoo run (no {EXPERIMENT_FILE}); "
+                              "not deleting it")
+    shutil.rmtree(exp_dir)
+
+
+def _write_yaml(path: Path, data: dict) -> None:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
+                  console: Console) -> dict:
+    """Train one variant; return its report entry {probe, step, params, metrics}."""
+    t, m = exp.train, exp.monitor
+    vdir = exp_dir / variant
+    vdir.mkdir(parents=True, exist_ok=True)
+    config = exp.variant_config(variant)
+
+    L.seed_everything(exp.seed, workers=True, verbose=False)
+    train_loader, val_loader = mqar_loaders(
+        exp.data.mqar_spec(), exp.data.train_size, exp.data.val_size, exp.data.batch_size,
+        seed=exp.seed)
+    probe_batch = val_loader.dataset.tensors[0][:m.probe_size]  # [P, T], fixed
+    module = LMModule(config)
+    params = module.model.param_count()
+    _write_yaml(vdir / "config.yaml", {**config, "params": params})
+
+    last_ckpt = vdir / "checkpoints" / "last.ckpt"
+    ckpt_path = str(last_ckpt) if resume and last_ckpt.is_file() else None
+    kwargs = ", ".join(f"{k}={v}" for k, v in config["block"].items() if k != "name")
+    console.print(f"[bold]{variant}[/]: {config['block']['name']}({kwargs}), {params:,} parameters"
+                  + (f", resuming from {last_ckpt}" if ckpt_path else ""))
+
+    monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=vdir / "ranks.jsonl",
+                          histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
+    # a live progress bar on a terminal; in logs and pipes, one line per validation instead
+    progress = ([StepProgressBar(console_kwargs={"stderr": True})] if console.is_terminal
+                else [ValidationLog(console)])
+    trainer = L.Trainer(
+        max_steps=t.max_steps,
+        max_epochs=-1,  # max_steps alone stops (an epoch bound miscounts after a resume)
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+        precision=t.precision,
+        logger=TensorBoardLogger(save_dir=str(exp_dir), name=variant, version="",
+                                 default_hp_metric=False),
+        callbacks=[
+            ModelCheckpoint(dirpath=vdir / "checkpoints", save_last=True, save_top_k=0,
+                            every_n_train_steps=t.checkpoint_every_n_steps),
+            monitor,
+            *progress,
+        ],
+        enable_progress_bar=console.is_terminal,
+        val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
+        log_every_n_steps=t.log_every_n_steps,
+        gradient_clip_val=t.grad_clip,
+        num_sanity_val_steps=0, enable_model_summary=False,
+        default_root_dir=str(vdir),
+    )
+    start = time.perf_counter()
+    trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt_path)
+    if trainer.global_step % t.checkpoint_every_n_steps:  # last.ckpt: the final weights
+        trainer.save_checkpoint(last_ckpt)
+    final = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if trainer.global_step % t.val_every_n_steps or "val/accuracy" not in final:
+        trainer.validate(module, val_loader, verbose=False)  # the last step was not validated
+        final.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    seconds = time.perf_counter() - start
+
+    console.print(f"{variant}: step {trainer.global_step}, "
+                  f"val/accuracy {float(final['val/accuracy']):.3f}, "
+                  f"val/loss {float(final['val/loss']):.3f} ({seconds:.0f} s)")
+    backends = sorted({b.backend for b in module.model.blocks})
+    _write_yaml(vdir / "config.yaml", {**config, "params": params, "backend_used": backends})
+    record = last_record(vdir / "ranks.jsonl")
+    metrics = finite_metrics({k: v for k, v in final.items()
+                              if k in ("val/loss", "val/accuracy", "train/loss")})
+    metrics["chance_accuracy"] = exp.data.mqar_spec().chance_accuracy
+    metrics["fit_seconds"] = seconds
+    entry = {"probe": {k: v for k, v in record.items() if k != "step"},
+             "step": record["step"], "params": params, "metrics": metrics}
+    report = budgets.build_report({variant: entry}, experiment=exp.name)
+    (vdir / "report.json").write_text(budgets.to_json(report) + "\n")
+    return entry
+
+
+def preflight(exp: Experiment) -> None:
+    """Run each variant's model once on a few tokens, before the run directory is touched,
+    so that a kernel backend that cannot serve here fails the command up front."""
+    if exp.train.accelerator != "cpu":
+        return  # backends resolve per device; on an accelerator the first step tells
+    tokens = torch.zeros(2, exp.data.seq_len, dtype=torch.long)  # [2, T]
+    for variant in exp.variants:
+        model = build_model(exp.variant_config(variant))
+        try:
+            with torch.no_grad():
+                model(tokens)
+        except RuntimeError as e:
+            raise RuntimeError(f"variants.{variant}: {e}") from e
+
+
+def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: bool = False,
+                     resume: bool = False, console: Console | None = None) -> dict:
+    """Train all variants of `exp` under runs_dir/<name>; return the combined report."""
+    console = console or Console(stderr=True)
+    quiet_lightning()
+    exp_dir = Path(runs_dir) / exp.name
+    preflight(exp)
+    prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    _write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
+
+    entries = {}
+    for i, variant in enumerate(exp.variants, 1):
+        console.rule(f"variant {i}/{len(exp.variants)}: {variant}")
+        entries[variant] = train_variant(exp, variant, exp_dir, resume, console)
+    report = budgets.build_report(entries, experiment=exp.name)
+    (exp_dir / "report.md").write_text(report_markdown(report))
+    console.print(f"wrote {exp_dir / 'report.md'}; TensorBoard: tensorboard --logdir {exp_dir}")
+    return report
+
+
+__all__ = ["prepare_run_dir", "summary_table", "train_experiment", "train_variant"]
