@@ -48,9 +48,18 @@ class LMModule(L.LightningModule):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
         return loss, logits
 
+    def _aux_loss(self) -> torch.Tensor | None:
+        """Sum of the auxiliary losses the blocks set in the last forward (MoE balancing)."""
+        terms = [b.aux_loss for b in self.model.blocks if getattr(b, "aux_loss", None) is not None]
+        return torch.stack(terms).sum() if terms else None
+
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
+        aux = self._aux_loss()
+        if aux is not None:  # logged apart, so train/loss stays comparable across variants
+            self.log("train/aux_loss", aux)
+            loss = loss + aux
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         return loss
 

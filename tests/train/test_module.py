@@ -1,0 +1,44 @@
+import torch
+
+from train.experiment import parse_experiment
+from train.module import LMModule
+
+RAW = {
+    "name": "t", "seed": 1,
+    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
+    "model": {"d_model": 16, "n_layers": 2},
+    "block_defaults": {"n_heads": 4},
+    "variants": {"moe": {"block": "moe", "top_k": 2, "aux_loss_weight": 0.5},
+                 "mha": {"block": "softmax"}},
+}
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 32, (4, 16), generator=g)
+    return tokens, tokens.roll(-1, dims=1)
+
+
+def test_moe_balancing_loss_enters_the_training_loss_and_reaches_the_router():
+    module = LMModule(parse_experiment(RAW).variant_config("moe"))
+    module.log = lambda *args, **kwargs: None  # no Trainer attached
+    module.optimizers = lambda: torch.optim.SGD(module.parameters(), lr=0.1)
+    tokens, labels = batch()
+    loss = module.training_step((tokens, labels), 0)
+    main, _ = module._loss((tokens, labels))
+    aux = module._aux_loss()
+    assert aux is not None and aux.item() > 0
+    torch.testing.assert_close(loss, main + aux)
+    router = module.model.blocks[0].router.weight
+    (grad,) = torch.autograd.grad(aux, router)
+    assert grad.abs().sum() > 0
+
+
+def test_blocks_without_aux_loss_leave_the_loss_alone():
+    module = LMModule(parse_experiment(RAW).variant_config("mha"))
+    module.log = lambda *args, **kwargs: None
+    module.optimizers = lambda: torch.optim.SGD(module.parameters(), lr=0.1)
+    tokens, labels = batch()
+    assert module._aux_loss() is None
+    torch.testing.assert_close(module.training_step((tokens, labels), 0),
+                               module._loss((tokens, labels))[0])
