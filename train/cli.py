@@ -61,6 +61,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, letting `train`'s key=value overrides come after options too."""
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and args.verb == "train" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 # ---------------------------------------------------------------- blocks
 
 BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
@@ -163,12 +174,6 @@ def cmd_report(args, out: Console) -> int:
     return 0
 
 
-def is_backend_error(e: RuntimeError) -> bool:
-    """A kernel backend asked for by name that cannot serve here: bad input, not a bug."""
-    text = str(e)
-    return " backend " in text and "can" in text and "serve" in text
-
-
 def console(stderr: bool = False) -> Console:
     """A rich console; 160 columns wide when not a terminal (logs, pipes, CI)."""
     c = Console(stderr=stderr)
@@ -179,13 +184,15 @@ COMMANDS = {"blocks": cmd_blocks, "train": cmd_train, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
+
+    args = parse(argv)
     out = console()
     try:
         return COMMANDS[args.verb](args, out)
-    except (*BAD_INPUT, RuntimeError) as e:
-        if os.environ.get("RANKZOO_DEBUG") or (isinstance(e, RuntimeError)
-                                                and not is_backend_error(e)):
+    except (*BAD_INPUT, BackendUnavailable) as e:
+        # a kernel backend asked for by name that cannot serve here is bad input, not a bug
+        if os.environ.get("RANKZOO_DEBUG"):
             raise
         message = str(e).replace("\n", " ")
         print(f"rankzoo: error: {message}", file=sys.stderr)

@@ -26,6 +26,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
 import budgets
+from zoo.ops.registry import BackendUnavailable
 
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
 from .data import mqar_loaders
@@ -182,8 +183,8 @@ def preflight(exp: Experiment) -> None:
         try:
             with torch.no_grad():
                 model(tokens)
-        except RuntimeError as e:
-            raise RuntimeError(f"variants.{variant}: {e}") from e
+        except BackendUnavailable as e:
+            raise BackendUnavailable(f"variants.{variant}: {e}") from e
 
 
 def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: bool = False,

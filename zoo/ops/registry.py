@@ -18,6 +18,10 @@ from typing import Any
 log = logging.getLogger("rankzoo")
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend asked for by name cannot serve a call here (the message says why)."""
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -77,13 +81,14 @@ class OpRegistry:
         if requested != "auto":
             reason = self.why_not(requested, spec)
             if reason:
-                raise RuntimeError(f"{self.op} backend {requested!r} cannot serve {spec}: {reason}")
+                raise BackendUnavailable(
+                    f"{self.op} backend {requested!r} cannot serve {spec}: {reason}")
             return self.get(requested)
         for name in self.preference.get(spec.device_type, ["reference"]):
             if name in self._backends and self.why_not(name, spec) is None:
                 self._log_choice(name, spec.device_type)
                 return self._backends[name]
-        raise RuntimeError(f"no {self.op} backend can serve {spec}")
+        raise BackendUnavailable(f"no {self.op} backend can serve {spec}")
 
     def _log_choice(self, name: str, device_type: str) -> None:
         if (name, device_type) not in self._logged:

@@ -8,7 +8,7 @@ prefill (Tq = Tk) and a one-token decode step (Tq = 1) use the same call. `windo
 *including* the query itself (None: unbounded). G must divide H (GQA/MQA when G < H).
 """
 
-from ..registry import Backend, OpRegistry, always_available, import_probe
+from ..registry import Backend, BackendUnavailable, OpRegistry, always_available, import_probe
 from .flex import flex_attention_fn, flex_unsupported
 from .reference import attention_probs, reference_attention
 from .sdpa import sdpa_attention
@@ -34,7 +34,7 @@ class AttentionRegistry(OpRegistry):
                     and self.why_not(name, spec) is None:
                 self._log_choice(name, spec.device_type)
                 return self.get(name)
-        raise RuntimeError(f"no {self.op} backend can serve {spec}")
+        raise BackendUnavailable(f"no {self.op} backend can serve {spec}")
 
 
 ATTENTION = AttentionRegistry("attention", preference={
