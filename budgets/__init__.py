@@ -4,6 +4,7 @@ budgets knows nothing of zoo or Lightning: the probes read any model whose block
 `budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`.
 """
 
+from .adapters import adapter_ranks, lowrank_singular_values
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget
 from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
 from .probes import is_probeable, probe_model, probeable_blocks
@@ -11,10 +12,12 @@ from .report import (
     REPORT_SCHEMA_VERSION,
     build_report,
     load_report,
+    render_advice,
     render_table,
     to_json,
     to_markdown,
 )
+from .verdicts import VERDICTS, VerdictThresholds, annotate
 
 __all__ = [
     "AXES",
@@ -22,12 +25,18 @@ __all__ = [
     "METRICS",
     "REPORT_SCHEMA_VERSION",
     "RankBudget",
+    "VERDICTS",
+    "VerdictThresholds",
+    "annotate",
+    "adapter_ranks",
     "build_report",
     "is_probeable",
     "load_report",
+    "lowrank_singular_values",
     "probe_model",
     "probeable_blocks",
     "rank_metrics",
+    "render_advice",
     "render_table",
     "singular_values",
     "spectrum_metrics",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .adapters import adapter_ranks
 from .metrics import _check_eps, singular_values, spectrum_metrics
 
 PROBE_METHODS = ("budget", "mixing_matrices", "weight_matrices", "init_cache", "inference_state")
@@ -114,13 +115,19 @@ def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
                              f"name {wname!r}")
         measured[wname] = _measure(W, eps)  # no batch dim: one entry per leading index
     measured.update(_inference_quantities(block, x, eps))
-    return {
+    layer = {
         "name": name,
         "block": getattr(block, "kind", "") or type(block).__name__,
         "budget": block.budget(int(x.shape[1])).to_dict(),
         "quantities": {q: m for q, (m, _) in measured.items()},
         "spectra": {q: s for q, (_, s) in measured.items()},
     }
+    adapters = adapter_ranks(block, eps)  # LoRA pairs on the block's projections, if any
+    if adapters:
+        layer["adapters"] = [{k: v for k, v in a.items() if k != "spectrum"} for a in adapters]
+        layer["spectra"].update({f"adapter.{a['module']}.{a['adapter']}":
+                                 torch.tensor([a["spectrum"]]) for a in adapters})
+    return layer
 
 
 def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = False) -> dict:

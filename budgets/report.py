@@ -14,19 +14,30 @@ erank rides along per layer: raw softmax ranks read ~1 whenever attention is nea
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from rich import box
 from rich.table import Table
 
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget
+from .verdicts import VerdictThresholds, annotate
 
 REPORT_SCHEMA = "rankzoo.report"
+# Version 1 still: verdicts, "collapsed", "advice" and "thresholds" were *added* keys, so a
+# reader of the first version-1 reports keeps working, and older report.json files (without
+# them) are annotated on load (train/results.py). Bump the version only when an existing
+# key changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
 COLUMNS = ("variant", "layer", "block", "axis", "quantity", "declared",
-           "realized", "max", "util", "erank Pc")
-LEGEND = ("realized = rank_eps at eps = {eps}, mean over heads; max = max over heads; "
-          "util = realized / declared; erank Pc = erank of the centered mixing matrix")
+           "realized", "max", "util", "erank Pc", "verdict")
+TABLE_HEADERS = {"declared": "cap"}  # narrower headers for the 80-column terminal table
+SHORT_VERDICT = {"saturated": "sat", "healthy": "ok", "over-provisioned": "over"}
+LEGEND = ("declared (cap) = structural upper bound; realized = rank_eps at eps = {eps}, mean "
+          "over heads; max = max over heads; util = realized / declared; erank Pc = erank of "
+          "the centered mixing matrix (collapsed, !: <= {collapsed:g}); verdict: saturated "
+          "(sat: util >= {saturated:.0%}), over-provisioned (over: util < {over:.0%}), "
+          "else healthy (ok)")
 
 
 def axis_of(quantity: str) -> str | None:
@@ -40,22 +51,29 @@ def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _axis_row(axis: str, quantity: str, declared: int, per_head: list[float]) -> dict:
+    mean = _mean(per_head)
+    return {
+        "axis": axis, "quantity": quantity, "declared": declared,
+        "realized_mean": mean, "realized_max": max(per_head, default=None),
+        # A zero cap (e.g. no adapter) has no meaningful ratio; None, never inf.
+        "utilization": mean / declared if declared and mean is not None else None,
+        "per_head": per_head,
+    }
+
+
 def _axis_rows(layer: dict) -> list[dict]:
     """One row per capped quantity of a probed layer, in AXES order."""
     budget, rows = layer["budget"], []
     for quantity, metrics in layer["quantities"].items():
         axis = axis_of(quantity)
-        if axis is None:
-            continue
-        per_head = [float(r) for r in metrics["rank_eps"]]
-        declared, mean = int(budget[axis]), _mean(per_head)
-        rows.append({
-            "axis": axis, "quantity": quantity, "declared": declared,
-            "realized_mean": mean, "realized_max": max(per_head, default=None),
-            # A zero cap (e.g. no adapter) has no meaningful ratio; None, never inf.
-            "utilization": mean / declared if declared and mean is not None else None,
-            "per_head": per_head,
-        })
+        if axis is not None:
+            per_head = [float(r) for r in metrics["rank_eps"]]
+            rows.append(_axis_row(axis, quantity, int(budget[axis]), per_head))
+    # Each LoRA pair is capped by its own r (the block's adapter cap is their sum).
+    for a in layer.get("adapters", []):
+        rows.append(_axis_row("adapter", f"adapter.{a['module']}.{a['adapter']}",
+                              int(a["declared"]), [float(a["metrics"]["rank_eps"])]))
     # sorted() is stable, so quantities on one axis keep the probe's order.
     return sorted(rows, key=lambda r: AXES.index(r["axis"]))
 
@@ -86,15 +104,18 @@ def _report_variant(name: str, entry: dict) -> dict:
     }
 
 
-def build_report(variants: dict[str, dict], experiment: str = "") -> dict:
+def build_report(variants: dict[str, dict], experiment: str = "",
+                 thresholds: VerdictThresholds | None = None) -> dict:
     """Declared vs realized for each variant; `variants` maps name -> {probe, step, params,
-    metrics}. Returns a JSON-serializable dict (schema "rankzoo.report", version 1)."""
+    metrics}. Returns a JSON-serializable dict (schema "rankzoo.report", version 1) with
+    verdicts and advice (budgets/verdicts.py) under the given thresholds."""
     if not variants:
         raise ValueError("build_report needs at least one variant, got none")
-    return {
+    report = {
         "schema": REPORT_SCHEMA, "version": REPORT_SCHEMA_VERSION, "experiment": experiment,
         "variants": [_report_variant(name, entry) for name, entry in variants.items()],
     }
+    return annotate(report, thresholds)
 
 
 def _fmt(x, spec: str = ".1f") -> str:
@@ -109,19 +130,29 @@ def _rows(report: dict):
                 util = "-" if a["utilization"] is None else f"{100 * a['utilization']:.0f}%"
                 # The centered erank belongs to the layer: print it once, on its first row.
                 erank = _fmt(layer["mixing_centered_erank"], ".2f") if i == 0 else ""
+                if erank and layer.get("collapsed"):
+                    erank += " collapsed"
                 yield (v["variant"], str(layer["layer"]), layer["block"], a["axis"],
                        a["quantity"], str(a["declared"]), _fmt(a["realized_mean"]),
-                       _fmt(a["realized_max"]), util, erank)
+                       _fmt(a["realized_max"]), util, erank, a.get("verdict") or "-")
 
 
 def _add_columns(table: Table) -> None:
     for col in COLUMNS:
         if col == "quantity":
             continue  # folded into "axis" (see render_table)
+        col = TABLE_HEADERS.get(col, col)
         if col in ("variant", "block", "axis"):
             table.add_column(col, overflow="fold")  # names fold onto a second line ...
         else:  # ... so that numbers never get cut on a narrow terminal
             table.add_column(col, justify="right", min_width=len(col), no_wrap=True)
+
+
+def _legend(report: dict) -> str:
+    eps = ", ".join(str(e) for e in sorted({v["eps"] for v in report["variants"]}))
+    th = report.get("thresholds") or asdict(VerdictThresholds())
+    return LEGEND.format(eps=eps, collapsed=th["collapsed_erank"], saturated=th["saturated"],
+                         over=th["over_provisioned"])
 
 
 def render_table(report: dict) -> Table:
@@ -131,9 +162,8 @@ def render_table(report: dict) -> Table:
     axis (only the inference axis has more than one quantity), and a variant, layer and
     block are named once, on their first row.
     """
-    eps = ", ".join(str(e) for e in sorted({v["eps"] for v in report["variants"]}))
     title = f"rank budget: {report.get('experiment') or '(unnamed)'}"
-    table = Table(title=title, caption=LEGEND.format(eps=eps), box=box.SIMPLE_HEAD,
+    table = Table(title=title, caption=_legend(report), box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
     _add_columns(table)
     last = (None, None)
@@ -143,19 +173,36 @@ def render_table(report: dict) -> Table:
         shown = (variant if variant != last[0] else "",
                  *((layer, block) if (variant, layer) != last else ("", "")))
         axis = quantity if quantity.startswith("inference.") else axis
-        table.add_row(*shown, axis, *numbers)
+        *numbers, erank, verdict = numbers  # short forms: the table must fit 80 columns
+        erank = erank.replace(" collapsed", " !")
+        table.add_row(*shown, axis, *numbers, erank, SHORT_VERDICT.get(verdict, verdict))
         last = (variant, layer)
     return table
 
 
+def render_advice(report: dict) -> Table:
+    """The suggestions computed from the figures (budgets/verdicts.py), one per row."""
+    table = Table(title="advice", box=box.SIMPLE_HEAD, show_header=False)
+    table.add_column("advice", overflow="fold")
+    for item in report.get("advice", []):
+        table.add_row(item["text"])
+    if not report.get("advice"):
+        table.add_row("no suggestions: every axis is used and no layer collapsed")
+    return table
+
+
+def advice_markdown(report: dict) -> str:
+    items = [f"- {a['text']}" for a in report.get("advice", [])]
+    return "\n".join(["## Advice", "", *(items or ["- no suggestions"])]) + "\n"
+
+
 def to_markdown(report: dict) -> str:
-    eps = ", ".join(str(e) for e in sorted({v["eps"] for v in report["variants"]}))
     lines = [f"# Rank-budget report: {report.get('experiment') or '(unnamed)'}", "",
-             LEGEND.format(eps=eps) + ".", "",
+             _legend(report) + ".", "",
              "| " + " | ".join(COLUMNS) + " |",
              "|" + "|".join("---" for _ in COLUMNS) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(report)]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + advice_markdown(report)
 
 
 def to_json(report: dict) -> str:

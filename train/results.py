@@ -31,15 +31,29 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def last_record(path: Path) -> dict:
-    """The last JSON line of a ranks.jsonl file."""
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    if not lines:
+def rank_records(path: Path) -> list[dict]:
+    """Every record of a ranks.jsonl file, in order; a corrupt line is named by number."""
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{number}: corrupt rank record ({e})") from None
+        if not isinstance(record, dict) or "step" not in record or "layers" not in record:
+            raise ValueError(f"{path}:{number}: corrupt rank record (expected an object with "
+                             f"'step' and 'layers')")
+        records.append(record)
+    if not records:
         raise ValueError(f"{path} holds no rank records")
-    try:
-        return json.loads(lines[-1])
-    except ValueError as e:
-        raise ValueError(f"{path}:{len(lines)}: corrupt rank record ({e})") from None
+    return records
+
+
+def last_record(path: Path) -> dict:
+    """The last record of a ranks.jsonl file (every line is checked, so that a corrupt line
+    anywhere is reported rather than silently skipped)."""
+    return rank_records(path)[-1]
 
 
 def merge_reports(reports: list[dict], experiment: str = "") -> dict:
@@ -83,7 +97,7 @@ def variant_dirs(exp_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: (rank.get(p.name, len(order)), p.name))
 
 
-def load_run(run_dir: str | Path) -> dict:
+def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None = None) -> dict:
     """The report of an experiment directory (all variants) or of one variant directory."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -91,12 +105,16 @@ def load_run(run_dir: str | Path) -> dict:
     if not run_dir.is_dir():
         raise ValueError(f"not a run directory: {run_dir} is a file")
     if is_variant_dir(run_dir):
-        return variant_report(run_dir)
-    vdirs = variant_dirs(run_dir)
-    if not vdirs:
-        raise FileNotFoundError(f"no results in {run_dir}: no report.json or ranks.jsonl in it "
-                                "or in its variant directories")
-    return merge_reports([variant_report(v) for v in vdirs], experiment=run_dir.name)
+        report = variant_report(run_dir)
+    else:
+        vdirs = variant_dirs(run_dir)
+        if not vdirs:
+            raise FileNotFoundError(f"no results in {run_dir}: no report.json or ranks.jsonl in "
+                                    "it or in its variant directories")
+        report = merge_reports([variant_report(v) for v in vdirs], experiment=run_dir.name)
+    # Verdicts and advice from the figures, for all variants together and under the current
+    # thresholds (a report.json written before verdicts existed lacks them).
+    return budgets.annotate(report, thresholds)
 
 
 def summary_table(report: dict) -> Table:

@@ -100,7 +100,7 @@ def test_markdown_has_one_row_per_variant_layer_quantity():
     assert len(table) == n_rows == 15
     first = [c.strip() for c in table[0].strip("|").split("|")]
     assert first[:6] == ["softmax", "0", "fake", "mixing", "past_future", "16"]
-    assert first[-2:] == ["50%", "3.50"]
+    assert first[-3:] == ["50%", "3.50", "healthy"]
     assert any("| - |" in ln for ln in table)  # the zero cap prints no utilization
 
 
