@@ -54,10 +54,15 @@ def parser() -> argparse.ArgumentParser:
                       help="continue each variant from its checkpoints/last.ckpt")
     t.add_argument("--format", choices=("table", "json"), default="table",
                    help="json: print the final report as one JSON document on stdout")
+    t.add_argument("--dry-run", action="store_true",
+                   help="print the matched table (parameters, declared budget, costs per "
+                        "variant) and stop: no training, the run directory is not touched")
 
     r = sub.add_parser("report", help="declared vs realized ranks of a finished run")
     r.add_argument("run_dir", help="runs/<experiment> (all variants) or one variant directory")
     r.add_argument("--format", choices=("table", "md", "json"), default="table")
+    r.add_argument("--plot", metavar="DIR",
+                   help="also write PNG figures into DIR (a new or empty directory)")
     return p
 
 
@@ -143,16 +148,34 @@ def cmd_train(args, out: Console) -> int:
     from .experiment import load_experiment
 
     exp = load_experiment(args.config, args.overrides)  # fails before Lightning is imported
+    if args.dry_run:
+        return _dry_run(exp, args.format, out)
+    from .module import NonFiniteLoss
     from .results import summary_table
     from .run import train_experiment
 
-    report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
-                              resume=args.resume, console=console(stderr=True))
+    try:
+        report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
+                                  resume=args.resume, console=console(stderr=True))
+    except NonFiniteLoss as e:  # a diverged run is not a crash: say which, keep what is saved
+        print(f"rankzoo: error: {e}", file=sys.stderr)
+        return 1
     if args.format == "json":
         print(budgets.to_json(report))
     else:
         out.print(budgets.render_table(report))
         out.print(summary_table(report))
+    return 0
+
+
+def _dry_run(exp, fmt: str, out: Console) -> int:
+    from .plan import plan_document, plan_table
+
+    doc = plan_document(exp)
+    if fmt == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        out.print(plan_table(doc))
     return 0
 
 
@@ -164,6 +187,8 @@ def cmd_report(args, out: Console) -> int:
     from .results import load_run, report_markdown, summary_table
 
     report = load_run(args.run_dir)
+    if args.plot:
+        _plot(args.run_dir, report, args.plot)
     if args.format == "json":
         print(budgets.to_json(report))
     elif args.format == "md":
@@ -171,7 +196,17 @@ def cmd_report(args, out: Console) -> int:
     else:
         out.print(budgets.render_table(report))
         out.print(summary_table(report))
+        out.print(budgets.render_advice(report))
     return 0
+
+
+def _plot(run_dir: str, report: dict, out_dir: str) -> None:
+    from .plots import write_plots
+
+    written, notes = write_plots(run_dir, report, out_dir)
+    for note in notes:  # stderr: stdout stays one JSON document with --format json
+        print(f"rankzoo: note: {note}", file=sys.stderr)
+    print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
 
 
 def console(stderr: bool = False) -> Console:

@@ -1,4 +1,6 @@
-"""Multi-query associative recall (MQAR), as in Zoology (Arora et al. 2023), seeded.
+"""The data tasks, seeded: MQAR, a low-rank Markov language, and byte-level text.
+
+Multi-query associative recall (MQAR), as in Zoology (Arora et al. 2023):
 
 A sequence of length T holds a context of `num_kv_pairs` key-value pairs
 (k1 v1 k2 v2 ...), then a query region where each key re-appears once, at a gap drawn
@@ -18,12 +20,17 @@ seeds.
 
 from __future__ import annotations
 
+import glob
+import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 IGNORE = -100
+BYTE_VOCAB = 256
+STDLIB = "stdlib"  # data.paths entry: the Python standard library's own .py sources
 VAL_SEED_OFFSET = 1_000_003  # the validation split's seed is the train seed plus this
 
 
@@ -104,10 +111,161 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
 def mqar_loaders(spec: MQARSpec, train_size: int, val_size: int, batch_size: int,
                  seed: int) -> tuple[DataLoader, DataLoader]:
     """Train (shuffled with a seeded generator) and validation DataLoaders."""
-    train = TensorDataset(*make_mqar(spec, train_size, seed))
-    val = TensorDataset(*make_mqar(spec, val_size, seed + VAL_SEED_OFFSET))
+    return make_loaders(spec, train_size, val_size, batch_size, seed)
+
+
+def make_splits(spec, train_size: int, val_size: int,
+                seed: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(tokens, labels) of the train and validation splits of any task's spec."""
+    if isinstance(spec, MarkovSpec):
+        return (make_markov(spec, train_size, seed),
+                make_markov(spec, val_size, seed + VAL_SEED_OFFSET, transition_seed=seed))
+    if isinstance(spec, TextSpec):
+        return text_splits(spec, train_size, val_size, seed)
+    return make_mqar(spec, train_size, seed), make_mqar(spec, val_size, seed + VAL_SEED_OFFSET)
+
+
+def make_loaders(spec, train_size: int, val_size: int, batch_size: int,
+                 seed: int) -> tuple[DataLoader, DataLoader]:
+    """Train (shuffled with a seeded generator) and validation DataLoaders of any task."""
+    train_split, val_split = make_splits(spec, train_size, val_size, seed)
+    train, val = TensorDataset(*train_split), TensorDataset(*val_split)
     order = torch.Generator().manual_seed(seed)
     train_loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=order,
                               drop_last=len(train) >= batch_size)
     val_loader = DataLoader(val, batch_size=batch_size, shuffle=False)
     return train_loader, val_loader
+
+
+# ---------------------------------------------------------------- low-rank Markov language
+
+@dataclass(frozen=True)
+class MarkovSpec:
+    """Tokens follow a Markov chain whose transition logits A B^T / temperature have rank
+    `rank`: the best next-token predictor needs `rank` directions, the data's intrinsic
+    rank. A and B are N(0, 1) [V, r] matrices scaled by 1/r^(1/4) each, so the logits have
+    unit variance whatever r is."""
+
+    vocab_size: int
+    seq_len: int
+    rank: int
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"markov {name} must be a positive int, got {value!r}")
+        if self.rank > self.vocab_size:
+            raise ValueError(f"markov rank ({self.rank}) must be <= vocab_size "
+                             f"({self.vocab_size})")
+        if not self.temperature > 0:
+            raise ValueError(f"markov temperature must be > 0, got {self.temperature!r}")
+
+
+def markov_transitions(spec: MarkovSpec, seed: int) -> torch.Tensor:
+    """Row-stochastic [V, V] matrix: softmax of a rank-`rank` logit matrix."""
+    g = torch.Generator().manual_seed(seed)
+    scale = spec.rank ** -0.25
+    a = torch.randn(spec.vocab_size, spec.rank, generator=g, dtype=torch.float64) * scale
+    b = torch.randn(spec.vocab_size, spec.rank, generator=g, dtype=torch.float64) * scale
+    return torch.softmax(a @ b.T / spec.temperature, dim=-1)  # [V, V]
+
+
+def make_markov(spec: MarkovSpec, num_examples: int, seed: int,
+                transition_seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [N, T], next-token labels [N, T]); the chain is drawn from
+    `transition_seed` (default `seed`), so the validation split shares the train chain."""
+    P = markov_transitions(spec, seed if transition_seed is None else transition_seed)
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.empty(num_examples, spec.seq_len + 1, dtype=torch.long)  # [N, T + 1]
+    seq[:, 0] = torch.randint(spec.vocab_size, (num_examples,), generator=g)
+    for t in range(spec.seq_len):
+        seq[:, t + 1] = torch.multinomial(P[seq[:, t]], 1, generator=g).squeeze(1)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+# ---------------------------------------------------------------- byte-level text
+
+@dataclass(frozen=True)
+class TextSpec:
+    """Byte-level text read at run time from `paths`: files, directories (files matching
+    `pattern`, recursively), globs, or "stdlib" (the standard library's .py sources).
+    The first max_bytes bytes, in sorted path order, are read; the last `val_fraction` of
+    them is the validation split."""
+
+    paths: tuple[str, ...]
+    seq_len: int
+    max_bytes: int = 2_000_000
+    val_fraction: float = 0.1
+    pattern: str = "*"
+
+    def __post_init__(self) -> None:
+        if not self.paths or not all(isinstance(p, str) and p for p in self.paths):
+            raise ValueError(f"text paths must be a non-empty list of paths (or 'stdlib'), "
+                             f"got {list(self.paths)!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"text val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        if not self.max_bytes > 0:
+            raise ValueError(f"text max_bytes must be > 0, got {self.max_bytes!r}")
+
+
+def _expand(path: str, pattern: str) -> list[Path]:
+    """The files one `paths` entry names; an entry naming nothing is an error."""
+    if path == STDLIB:
+        root, pattern = Path(sysconfig.get_paths()["stdlib"]), "*.py"
+        found = sorted(p for p in root.rglob(pattern) if "site-packages" not in p.parts)
+    elif glob.has_magic(path):
+        found = sorted(Path(p) for p in glob.glob(path, recursive=True))
+    elif Path(path).is_dir():
+        found = sorted(Path(path).rglob(pattern))
+    elif Path(path).exists():
+        found = [Path(path)]
+    else:
+        raise FileNotFoundError(f"data.paths: {path!r} does not exist")
+    files = [p for p in found if p.is_file()]
+    if not files:
+        raise ValueError(f"data.paths: {path!r} names no files"
+                         + (f" matching {pattern!r}" if Path(path).is_dir() else ""))
+    return files
+
+
+def read_text_bytes(spec: TextSpec) -> bytes:
+    """The corpus: files concatenated in order, capped at max_bytes."""
+    chunks, total = [], 0
+    for entry in spec.paths:
+        for path in _expand(entry, spec.pattern):
+            try:
+                data = path.read_bytes()[:spec.max_bytes - total]
+            except OSError as e:
+                raise ValueError(f"data.paths: cannot read {str(path)!r} ({e.strerror})") from None
+            chunks.append(data)
+            total += len(data)
+            if total >= spec.max_bytes:
+                return b"".join(chunks)
+    return b"".join(chunks)
+
+
+def _windows(data: torch.Tensor, count: int, seq_len: int,
+             g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` random windows of seq_len + 1 bytes: (tokens, next-token labels)."""
+    starts = torch.randint(len(data) - seq_len, (count,), generator=g)  # [N]
+    seq = data[starts[:, None] + torch.arange(seq_len + 1)]  # [N, T + 1]
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def text_splits(spec: TextSpec, train_size: int, val_size: int, seed: int):
+    """Train and validation windows from disjoint parts of the corpus, seeded."""
+    raw = read_text_bytes(spec)
+    if not raw:
+        raise ValueError(f"data.paths {list(spec.paths)!r}: every file is empty")
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()  # [n_bytes]
+    cut = int(len(data) * (1 - spec.val_fraction))
+    train, val = data[:cut], data[cut:]
+    if min(len(train), len(val)) <= spec.seq_len:
+        raise ValueError(f"data.paths {list(spec.paths)!r}: {len(data):,} bytes is too little "
+                         f"text for seq_len {spec.seq_len} with val_fraction "
+                         f"{spec.val_fraction} (each split needs more than seq_len bytes)")
+    return (_windows(train, train_size, spec.seq_len, torch.Generator().manual_seed(seed)),
+            _windows(val, val_size, spec.seq_len,
+                     torch.Generator().manual_seed(seed + VAL_SEED_OFFSET)))

@@ -30,11 +30,11 @@ import yaml
 import zoo
 from zoo.config import StrictConfig, unknown_key_error
 
-from .data import MQARSpec
+from .data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
 from .model import NORMS
+from .plan import matched_widths
 
-TASKS = ("mqar",)
-
+OPTIMIZERS = ("adamw", "muon", "lion")
 
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading `1e-3` as a float (YAML 1.2) rather than a string."""
@@ -92,10 +92,22 @@ def _positive(section: str, **values: Any) -> None:
             raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
 
 
+# Keys every task reads, then each task's own: a key another task reads is rejected, so
+# a config never carries a setting that silently does nothing.
+COMMON_DATA_KEYS = ("task", "seq_len", "train_size", "val_size", "batch_size")
+TASK_KEYS = {
+    "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries"),
+    "markov": ("vocab_size", "rank", "temperature"),
+    "text": ("paths", "max_bytes", "val_fraction", "pattern"),
+}
+TASKS = tuple(TASK_KEYS)
+DEFAULT_VOCAB = {"mqar": 128, "markov": 64, "text": BYTE_VOCAB}
+
+
 @dataclass(frozen=True)
 class DataConfig(StrictConfig):
     task: str = "mqar"
-    vocab_size: int = 128
+    vocab_size: int | None = None  # mqar 128, markov 64; text is bytes (256, not settable)
     seq_len: int = 64
     num_kv_pairs: int = 8
     train_size: int = 20000
@@ -103,18 +115,77 @@ class DataConfig(StrictConfig):
     batch_size: int = 64
     power_a: float = 0.01  # MQAR's query gap distribution: p(gap) ~ gap^(power_a - 1)
     random_non_queries: bool = True
+    rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
+    temperature: float = 1.0  # markov: logits are (A B^T) / temperature
+    paths: list | None = None  # text: files, directories, globs, or "stdlib"
+    max_bytes: int = 2_000_000  # text: read at most this many bytes in all
+    val_fraction: float = 0.1  # text: the last fraction of the bytes is validation
+    pattern: str = "*"  # text: files taken from a named directory
 
     def validate(self) -> None:
         _check_types(self, "data")
         if self.task not in TASKS:
             raise ValueError(f"data.task must be one of {list(TASKS)}, got {self.task!r}")
+        if self.vocab_size is None:  # frozen: the task's default is resolved once, here
+            object.__setattr__(self, "vocab_size", DEFAULT_VOCAB[self.task])
         _positive("data", train_size=self.train_size, val_size=self.val_size,
-                  batch_size=self.batch_size)
-        self.mqar_spec()  # names the bad values
+                  batch_size=self.batch_size, seq_len=self.seq_len)
+        self.spec()  # names the bad values
+
+    def spec(self) -> MQARSpec | MarkovSpec | TextSpec:
+        """The task's own validated spec (MQARSpec, MarkovSpec or TextSpec)."""
+        if self.task == "markov":
+            return MarkovSpec(self.vocab_size, self.seq_len, self.rank, self.temperature)
+        if self.task == "text":
+            return TextSpec(tuple(self.paths or ()), self.seq_len, self.max_bytes,
+                            self.val_fraction, self.pattern)
+        return self.mqar_spec()
 
     def mqar_spec(self) -> MQARSpec:
         return MQARSpec(self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a,
                         self.random_non_queries)
+
+    @property
+    def intrinsic_rank(self) -> int | None:
+        """The rank of the data's next-token logits when it is known (markov), else None."""
+        return self.rank if self.task == "markov" else None
+
+    @property
+    def chance_accuracy(self) -> float:
+        if self.task == "mqar":
+            return self.mqar_spec().chance_accuracy
+        return 1.0 / self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the keys this task reads (so a resolved config loads back)."""
+        keys = (*COMMON_DATA_KEYS, *TASK_KEYS[self.task])
+        return {k: getattr(self, k) for k in keys}
+
+
+def check_data_keys(raw: dict[str, Any]) -> None:
+    """Reject keys that exist but belong to another task, naming the task's keys."""
+    task = raw.get("task", "mqar")
+    if task not in TASK_KEYS:
+        return  # DataConfig.validate names the bad task
+    allowed = [*COMMON_DATA_KEYS, *TASK_KEYS[task]]
+    for key in raw:
+        if key not in allowed:
+            raise unknown_key_error(f"{task} data", f"data.{key}",
+                                    [f"data.{k}" for k in allowed])
+
+
+@dataclass(frozen=True)
+class MatchConfig(StrictConfig):
+    """Iso-parameter matching: size each variant's MLP so its total parameter count is
+    within `tolerance` of the first (reference) variant's."""
+
+    params: bool = False
+    tolerance: float = 0.05
+
+    def validate(self) -> None:
+        _check_types(self, "match")
+        if not 0 < self.tolerance < 1:
+            raise ValueError(f"match.tolerance must be in (0, 1), got {self.tolerance!r}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +208,7 @@ class ModelConfig(StrictConfig):
 @dataclass(frozen=True)
 class TrainConfig(StrictConfig):
     max_steps: int = 600
+    optimizer: str = "adamw"  # adamw | muon (hidden matrices; AdamW on the rest) | lion
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
     weight_decay: float = 0.1
@@ -154,6 +226,9 @@ class TrainConfig(StrictConfig):
 
     def validate(self) -> None:
         _check_types(self, "train")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"train.optimizer must be one of {list(OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
         _positive("train", max_steps=self.max_steps, lr=self.lr, grad_clip=self.grad_clip,
                   val_every_n_steps=self.val_every_n_steps,
                   log_every_n_steps=self.log_every_n_steps,
@@ -197,6 +272,7 @@ class Variant:
 
 SECTIONS: dict[str, type[StrictConfig]] = {
     "data": DataConfig, "model": ModelConfig, "train": TrainConfig, "monitor": MonitorConfig,
+    "match": MatchConfig,
 }
 TOP_LEVEL = ["name", "seed", *SECTIONS, "block_defaults", "variants"]
 
@@ -210,7 +286,11 @@ class Experiment:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    match: MatchConfig = field(default_factory=MatchConfig)
     block_defaults: dict[str, Any] = field(default_factory=dict)
+    # MLP width per variant chosen by `match` (derived, so not in to_dict: reloading
+    # the resolved config recomputes the same widths)
+    d_mlp: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, as YAML would hold it (loads back to an equal Experiment)."""
@@ -224,12 +304,19 @@ class Experiment:
     def variant_config(self, variant: str) -> dict[str, Any]:
         """Everything one variant's run depends on, as a plain nested dict."""
         v = self.variants[variant]
-        return {
+        model = self.model.to_dict()
+        if variant in self.d_mlp:
+            model["d_mlp"] = self.d_mlp[variant]
+        config = {
             "experiment": self.name, "variant": variant, "seed": self.seed,
-            "data": self.data.to_dict(), "model": self.model.to_dict(),
-            "block": {"name": v.block, **v.block_kwargs},
+            "data": {**self.data.to_dict(), "vocab_size": self.data.vocab_size},
+            "model": model, "block": {"name": v.block, **v.block_kwargs},
             "train": self.train.to_dict(), "monitor": self.monitor.to_dict(),
+            "match": self.match.to_dict(),
         }
+        if self.data.intrinsic_rank is not None:
+            config["data_intrinsic_rank"] = self.data.intrinsic_rank
+        return config
 
 
 def _section(raw: Any, cls: type[StrictConfig], section: str) -> StrictConfig:
@@ -242,6 +329,8 @@ def _section(raw: Any, cls: type[StrictConfig], section: str) -> StrictConfig:
         if key not in known:
             raise unknown_key_error("experiment", f"{section}.{key}",
                                     [f"{section}.{k}" for k in known])
+    if cls is DataConfig:
+        check_data_keys(raw)
     try:
         return cls(**raw)
     except TypeError as e:  # e.g. a missing required field
@@ -309,8 +398,16 @@ def _parse(raw: Any) -> Experiment:
         raise ValueError("variants must be a non-empty mapping of name -> {block: ..., ...}")
     d_model = sections["model"].d_model
     variants = {n: _variant(n, v, defaults, d_model) for n, v in variants_raw.items()}
+    d_mlp = _matched_widths(sections, variants) if sections["match"].params else {}
     return Experiment(name=name, seed=seed, variants=variants, block_defaults=dict(defaults),
-                      **sections)
+                      d_mlp=d_mlp, **sections)
+
+
+def _matched_widths(sections: dict[str, Any], variants: dict[str, Variant]) -> dict[str, int]:
+    data, model = sections["data"], sections["model"]
+    sizes = {**model.to_dict(), "vocab_size": data.vocab_size, "seq_len": data.seq_len}
+    return matched_widths(sizes, {n: (v.block, v.block_kwargs) for n, v in variants.items()},
+                          sections["match"].tolerance)
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:

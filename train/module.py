@@ -11,6 +11,11 @@ import torch.nn.functional as F
 
 from .data import IGNORE, accuracy
 from .model import DecoderLM
+from .optim import build_optimizer
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite: the run stops rather than train on."""
 
 
 def build_model(config: dict[str, Any]) -> DecoderLM:
@@ -55,6 +60,7 @@ class LMModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
+        self._check_finite(loss)
         self.log("train/loss", loss, prog_bar=True)
         aux = self._aux_loss()
         if aux is not None:  # logged apart, so train/loss stays comparable across variants
@@ -62,6 +68,15 @@ class LMModule(L.LightningModule):
             loss = loss + aux
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         return loss
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        # checked before the optimizer step, so no checkpoint ever holds the weights the
+        # bad loss would have produced; the last one written is the last good one
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(
+                f"variant {self.config.get('variant', '?')!r}: training loss is "
+                f"{loss.item()} at step {self.global_step}; stopped (lower train.lr, or "
+                "check the data)")
 
     def validation_step(self, batch, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
@@ -72,14 +87,7 @@ class LMModule(L.LightningModule):
 
     def configure_optimizers(self):
         t = self.config["train"]
-        # decay matrices (projections, embedding), not norms' gains or biases
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": t["weight_decay"]},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=t["lr"], betas=(t["beta1"], t["beta2"]),
-        )
+        optimizer = build_optimizer(self.model, t)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lambda step: warmup_cosine(step, t["warmup_steps"], t["max_steps"], t["min_lr_ratio"]),

@@ -29,9 +29,9 @@ import budgets
 from zoo.ops.registry import BackendUnavailable
 
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
-from .data import mqar_loaders
+from .data import make_loaders, make_splits
 from .experiment import Experiment
-from .module import LMModule, build_model
+from .module import LMModule, NonFiniteLoss, build_model
 from .results import (
     EXPERIMENT_FILE,
     finite_metrics,
@@ -106,8 +106,8 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     config = exp.variant_config(variant)
 
     L.seed_everything(exp.seed, workers=True, verbose=False)
-    train_loader, val_loader = mqar_loaders(
-        exp.data.mqar_spec(), exp.data.train_size, exp.data.val_size, exp.data.batch_size,
+    train_loader, val_loader = make_loaders(
+        exp.data.spec(), exp.data.train_size, exp.data.val_size, exp.data.batch_size,
         seed=exp.seed)
     probe_batch = val_loader.dataset.tensors[0][:m.probe_size]  # [P, T], fixed
     module = LMModule(config)
@@ -146,7 +146,12 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
         default_root_dir=str(vdir),
     )
     start = time.perf_counter()
-    trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt_path)
+    except NonFiniteLoss as e:
+        kept = (f"kept the last good checkpoint {last_ckpt}" if last_ckpt.is_file()
+                else "no checkpoint had been written yet")
+        raise NonFiniteLoss(f"{e}; {kept}") from None
     if trainer.global_step % t.checkpoint_every_n_steps:  # last.ckpt: the final weights
         trainer.save_checkpoint(last_ckpt)
     final = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -163,7 +168,7 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     record = last_record(vdir / "ranks.jsonl")
     metrics = finite_metrics({k: v for k, v in final.items()
                               if k in ("val/loss", "val/accuracy", "train/loss")})
-    metrics["chance_accuracy"] = exp.data.mqar_spec().chance_accuracy
+    metrics["chance_accuracy"] = exp.data.chance_accuracy
     metrics["fit_seconds"] = seconds
     entry = {"probe": {k: v for k, v in record.items() if k != "step"},
              "step": record["step"], "params": params, "metrics": metrics}
@@ -174,7 +179,10 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
 
 def preflight(exp: Experiment) -> None:
     """Run each variant's model once on a few tokens, before the run directory is touched,
-    so that a kernel backend that cannot serve here fails the command up front."""
+    so that a kernel backend that cannot serve here fails the command up front; and read
+    a text corpus once, so that an empty or unreadable path does too."""
+    if exp.data.task == "text":
+        make_splits(exp.data.spec(), 1, 1, exp.seed)
     if exp.train.accelerator != "cpu":
         return  # backends resolve per device; on an accelerator the first step tells
     tokens = torch.zeros(2, exp.data.seq_len, dtype=torch.long)  # [2, T]

@@ -1,0 +1,85 @@
+"""Optimizers: AdamW (default), Muon on hidden weight matrices with AdamW on the rest, Lion.
+
+Muon plus AdamW is two optimizers. Lightning would need manual optimization for two
+(`automatic_optimization = False`, our own backward, clipping and scheduler stepping);
+instead `Combined` is one `torch.optim.Optimizer` that steps both, so automatic
+optimization, gradient clipping, the LR scheduler (it sees every param group) and
+checkpointing (its state dict holds both) keep working unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .model import DecoderLM
+
+
+class Combined(torch.optim.Optimizer):
+    """Several optimizers over disjoint parameters, stepped together as one."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+        params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
+        super().__init__(params, {})
+        # the same group dicts as the inner optimizers: a change of lr reaches them
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for optimizer in self.optimizers:
+            optimizer.step()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for optimizer, state in zip(self.optimizers, state_dict["optimizers"], strict=True):
+            optimizer.load_state_dict(state)
+
+
+def muon_params(model: DecoderLM) -> list[nn.Parameter]:
+    """The hidden weight matrices: every nn.Linear weight inside the layers (blocks and
+    MLPs). Chosen by module, not by ndim: the embedding and the LM head are 2-D too but
+    are not hidden maps (Muon's authors leave them to AdamW), nor are 2-D parameters that
+    are not a Linear's weight (per-head tables and the like)."""
+    return [m.weight for layer in model.layers for m in layer.modules()
+            if isinstance(m, nn.Linear)]
+
+
+def _adamw_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
+    # decay matrices (projections, embedding), not norms' gains or biases
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def build_optimizer(model: DecoderLM, train: dict[str, Any]) -> torch.optim.Optimizer:
+    """The optimizer `train["optimizer"]` names, at lr `train["lr"]`."""
+    name, lr, wd = train.get("optimizer", "adamw"), train["lr"], train["weight_decay"]
+    betas = (train["beta1"], train["beta2"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw":
+        return torch.optim.AdamW(_adamw_groups(params, wd), lr=lr, betas=betas)
+    if name == "lion":
+        try:
+            from lion_pytorch import Lion
+        except ImportError:
+            raise ValueError("train.optimizer 'lion' needs the package lion-pytorch: "
+                             "pip install lion-pytorch") from None
+        return Lion(_adamw_groups(params, wd), lr=lr, betas=betas)
+    if name == "muon":
+        hidden = muon_params(model)
+        ids = {id(p) for p in hidden}
+        rest = [p for p in params if id(p) not in ids]
+        # match_rms_adamw scales Muon's update to AdamW's RMS, so one lr serves both
+        muon = torch.optim.Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
+        adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
+        return Combined([muon, adamw])
+    raise ValueError(f"train.optimizer must be one of adamw, muon, lion; got {name!r}")
