@@ -149,3 +149,10 @@ def test_variants_build_and_registry_lists_softmax():
     assert "softmax" in zoo.names()
     for label, kwargs in zoo.block_class("softmax").variants(d_model=32, n_heads=4):
         assert zoo.build("softmax", d_model=32, n_heads=4, **kwargs).budget(8).n_heads == 4, label
+
+
+def test_quadratic_allocation_check_catches_the_reference_path(quadratic_allocations):
+    """The check the linear-time blocks rely on does see a T x T tensor when one exists."""
+    block = make_block(dtype=torch.float32, backend="reference")
+    x = make_x(B=1, T=64, dtype=torch.float32).requires_grad_()
+    assert (1, 4, 64, 64) in quadratic_allocations(block, x)
