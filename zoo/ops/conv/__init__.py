@@ -36,8 +36,10 @@ class ConvSpec:
         return cls(x.device.type, x.dtype, weight.shape[-1], needs_grad)
 
 
+# causal_conv1d is opt-in (conv_backend="causal_conv1d") until its gpu-marked comparison
+# with the reference has run and passed on a GPU: it has not yet.
 CONV = OpRegistry("causal_conv", preference={
-    "cuda": ["causal_conv1d", "conv1d", "reference"],
+    "cuda": ["conv1d", "reference"],
     "cpu": ["conv1d", "reference"],
 })
 

@@ -26,8 +26,10 @@ from .reference import expand_groups, reference_ssd, segsum, ssd_mixing_matrix
 from .spec import SSDSpec
 from .vendor import mamba_ssd, mamba_unsupported
 
+# mamba_ssm is opt-in (backend="mamba_ssm") until its gpu-marked comparison with the
+# reference has run and passed on a GPU: it has not yet (it needs a CUDA build to install).
 SSD = OpRegistry("ssd", preference={
-    "cuda": ["mamba_ssm", "chunked", "reference"],
+    "cuda": ["chunked", "reference"],
     "cpu": ["chunked", "reference"],
 })
 
