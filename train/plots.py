@@ -92,17 +92,22 @@ def _history(records: list[dict], i: int, quantity: str, metric: str):
     return steps, ys
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def history_figure(histories: dict[str, list[dict]]) -> Figure:
     fig = Figure(figsize=(11, 4), layout="constrained")
     panels = fig.subplots(1, 2)
     series = (("mixing_centered", "erank", "centered mixing erank (collapse: <= 2)"),
               ("past_future", "rank_eps", "past->future rank_eps (mixing axis)"))
     for ax, (quantity, metric, title) in zip(panels, series, strict=True):
-        for variant, records in histories.items():
+        # one colour per variant, one line style per layer: 16+ lines stay distinguishable
+        for j, (variant, records) in enumerate(histories.items()):
             for i in range(len(records[-1]["layers"])):
                 steps, ys = _history(records, i, quantity, metric)
                 if steps:
-                    ax.plot(steps, ys, marker="o", markersize=3, label=f"{variant} L{i}")
+                    ax.plot(steps, ys, color=f"C{j % 10}", linestyle=LINE_STYLES[i % 4],
+                            marker="o", markersize=3, label=f"{variant} L{i}")
         ax.set(xlabel="training step", ylabel=metric, title=title)
         ax.legend(fontsize=7, ncol=2)
     fig.suptitle("effective rank over training (mean over heads)")
@@ -120,21 +125,23 @@ def _axis_means(variant: dict, axis: str) -> tuple[float, float] | None:
 
 def budget_figure(report: dict) -> Figure:
     variants = report["variants"]
-    fig = Figure(figsize=(max(6, 1.6 * len(AXES) * max(1, len(variants)) ** 0.5), 4.2),
+    # only the axes some variant realized (no adapters attached: no empty adapter slot)
+    axes = [a for a in AXES if any(_axis_means(v, a) for v in variants)] or list(AXES)
+    fig = Figure(figsize=(min(14, max(6, 1.1 * len(axes) * max(1, len(variants)) ** 0.5)), 4.2),
                  layout="constrained")
     ax = fig.subplots()
     width = 0.8 / len(variants)
     for j, v in enumerate(variants):
         label = v["variant"]  # once per variant, on its first drawn axis
-        for i, axis in enumerate(AXES):
+        for i, axis in enumerate(axes):
             means = _axis_means(v, axis)
             if means is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
-            ax.bar(x, means[0], width, color=f"C{j}", alpha=0.3, edgecolor=f"C{j}")
-            ax.bar(x, means[1], width * 0.6, color=f"C{j}", label=label)
+            ax.bar(x, means[0], width, color=f"C{j % 10}", alpha=0.3, edgecolor=f"C{j % 10}")
+            ax.bar(x, means[1], width * 0.6, color=f"C{j % 10}", label=label)
             label = None
-    ax.set_xticks(range(len(AXES)), AXES)
+    ax.set_xticks(range(len(axes)), axes)
     ax.set(ylabel="rank (mean over layers)",
            title="declared cap (pale) vs realized rank_eps (solid), per axis")
     ax.legend(fontsize=8)
