@@ -160,6 +160,8 @@ def cmd_train(args, out: Console) -> int:
     except NonFiniteLoss as e:  # a diverged run is not a crash: say which, keep what is saved
         print(f"rankzoo: error: {e}", file=sys.stderr)
         return 1
+    if report is None:  # a non-zero rank of a distributed run: rank zero reports
+        return 0
     if args.format == "json":
         print(budgets.to_json(report))
     else:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import glob
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +41,8 @@ class MQARSpec:
     num_kv_pairs: int
     power_a: float = 0.01
     random_non_queries: bool = True
+    # numbers of key-value pairs mixed in the validation split (None: num_kv_pairs alone)
+    val_kv_pairs: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "num_kv_pairs"):
@@ -57,6 +59,29 @@ class MQARSpec:
                              f"{n_keys} distinct keys and {n_values} distinct values available")
         if not self.power_a > 0:
             raise ValueError(f"mqar power_a must be > 0, got {self.power_a!r}")
+        if self.val_kv_pairs is not None:
+            self._check_val_kv_pairs()
+
+    def _check_val_kv_pairs(self) -> None:
+        pairs = self.val_kv_pairs
+        if (not isinstance(pairs, (tuple, list)) or not pairs
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                           for n in pairs)):
+            raise ValueError(f"mqar val_kv_pairs must be a non-empty list of positive ints, "
+                             f"got {list(pairs) if isinstance(pairs, tuple) else pairs!r}")
+        if len(set(pairs)) != len(pairs):
+            raise ValueError(f"mqar val_kv_pairs has repeated values: {list(pairs)}")
+        for n in pairs:
+            try:
+                replace(self, num_kv_pairs=n, val_kv_pairs=None)
+            except ValueError as e:
+                msg = str(e).replace(f"mqar num_kv_pairs ({n})", f"mqar val_kv_pairs value {n}")
+                raise ValueError(f"{msg} (val_kv_pairs {list(pairs)})") from None
+
+    @property
+    def eval_kv_pairs(self) -> tuple[int, ...]:
+        """The numbers of key-value pairs in the validation split."""
+        return tuple(self.val_kv_pairs) if self.val_kv_pairs is not None else (self.num_kv_pairs,)
 
     @property
     def chance_accuracy(self) -> float:
@@ -98,6 +123,42 @@ def make_mqar(spec: MQARSpec, num_examples: int, seed: int) -> tuple[torch.Tenso
     return tokens, labels
 
 
+def make_mqar_val(spec: MQARSpec, num_examples: int,
+                  seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The validation split: `num_examples` examples for each number of key-value pairs in
+    `spec.eval_kv_pairs`, split as evenly as possible and interleaved (example i has the
+    (i mod k)-th number), so any prefix (the monitor's probe batch) mixes them. An example
+    with n pairs has exactly n labelled positions, which is how validation tells them apart.
+    With one number this is exactly make_mqar(spec, num_examples, seed)."""
+    pairs = spec.eval_kv_pairs
+    if pairs == (spec.num_kv_pairs,):
+        return make_mqar(spec, num_examples, seed)
+    k = len(pairs)
+    if num_examples < k:
+        raise ValueError(f"mqar val_size ({num_examples}) must be >= the number of "
+                         f"val_kv_pairs values ({k}: {list(pairs)})")
+    sizes = [num_examples // k + (i < num_examples % k) for i in range(k)]
+    parts = [make_mqar(replace(spec, num_kv_pairs=n, val_kv_pairs=None), size, seed + i)
+             for i, (n, size) in enumerate(zip(pairs, sizes, strict=True))]
+    order = torch.cat([torch.arange(size) * k + i for i, size in enumerate(sizes)]).argsort()
+    tokens = torch.cat([t for t, _ in parts])[order]  # [N, T]
+    labels = torch.cat([y for _, y in parts])[order]  # [N, T]
+    return tokens, labels
+
+
+def accuracy_by_kv_pairs(logits: torch.Tensor, labels: torch.Tensor,
+                         pairs: tuple[int, ...]) -> dict[int, tuple[torch.Tensor, int]]:
+    """MQAR accuracy per number of key-value pairs: {n: (accuracy, labelled positions)}
+    over the examples with n labelled positions (n pairs); numbers absent are left out."""
+    per_example = (labels != IGNORE).sum(dim=1)  # [B]
+    out = {}
+    for n in pairs:
+        rows = per_example == n  # [B]
+        if rows.any():
+            out[n] = accuracy(logits[rows], labels[rows])
+    return out
+
+
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(fraction correct at labelled positions, number of labelled positions)."""
     mask = labels != IGNORE  # [B, T]
@@ -122,7 +183,7 @@ def make_splits(spec, train_size: int, val_size: int,
                 make_markov(spec, val_size, seed + VAL_SEED_OFFSET, transition_seed=seed))
     if isinstance(spec, TextSpec):
         return text_splits(spec, train_size, val_size, seed)
-    return make_mqar(spec, train_size, seed), make_mqar(spec, val_size, seed + VAL_SEED_OFFSET)
+    return make_mqar(spec, train_size, seed), make_mqar_val(spec, val_size, seed + VAL_SEED_OFFSET)
 
 
 def make_loaders(spec, train_size: int, val_size: int, batch_size: int,

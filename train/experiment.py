@@ -96,7 +96,7 @@ def _positive(section: str, **values: Any) -> None:
 # a config never carries a setting that silently does nothing.
 COMMON_DATA_KEYS = ("task", "seq_len", "train_size", "val_size", "batch_size")
 TASK_KEYS = {
-    "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries"),
+    "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs"),
     "markov": ("vocab_size", "rank", "temperature"),
     "text": ("paths", "max_bytes", "val_fraction", "pattern"),
 }
@@ -115,6 +115,7 @@ class DataConfig(StrictConfig):
     batch_size: int = 64
     power_a: float = 0.01  # MQAR's query gap distribution: p(gap) ~ gap^(power_a - 1)
     random_non_queries: bool = True
+    val_kv_pairs: list | None = None  # mqar: pair counts mixed in validation (num_kv_pairs)
     rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
     temperature: float = 1.0  # markov: logits are (A B^T) / temperature
     paths: list | None = None  # text: files, directories, globs, or "stdlib"
@@ -131,6 +132,10 @@ class DataConfig(StrictConfig):
         _positive("data", train_size=self.train_size, val_size=self.val_size,
                   batch_size=self.batch_size, seq_len=self.seq_len)
         self.spec()  # names the bad values
+        if self.task == "mqar" and self.val_kv_pairs is not None \
+                and self.val_size < len(self.val_kv_pairs):
+            raise ValueError(f"data.val_size ({self.val_size}) must be >= the number of "
+                             f"data.val_kv_pairs values ({list(self.val_kv_pairs)})")
 
     def spec(self) -> MQARSpec | MarkovSpec | TextSpec:
         """The task's own validated spec (MQARSpec, MarkovSpec or TextSpec)."""
@@ -142,8 +147,10 @@ class DataConfig(StrictConfig):
         return self.mqar_spec()
 
     def mqar_spec(self) -> MQARSpec:
+        pairs = self.val_kv_pairs
         return MQARSpec(self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a,
-                        self.random_non_queries)
+                        self.random_non_queries,
+                        tuple(pairs) if isinstance(pairs, list) else pairs)
 
     @property
     def intrinsic_rank(self) -> int | None:
@@ -159,7 +166,10 @@ class DataConfig(StrictConfig):
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this task reads (so a resolved config loads back)."""
         keys = (*COMMON_DATA_KEYS, *TASK_KEYS[self.task])
-        return {k: getattr(self, k) for k in keys}
+        out = {k: getattr(self, k) for k in keys}
+        if out.get("val_kv_pairs", 0) is None:  # unset: resolved configs stay as they were
+            del out["val_kv_pairs"]
+        return out
 
 
 def check_data_keys(raw: dict[str, Any]) -> None:

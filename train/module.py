@@ -9,7 +9,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE, accuracy
+from .data import IGNORE, accuracy, accuracy_by_kv_pairs
 from .model import DecoderLM
 from .optim import build_optimizer
 
@@ -81,9 +81,15 @@ class LMModule(L.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         acc, count = accuracy(logits, batch[1])
-        self.log("val/loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        # sync_dist: under DDP each rank validates its own share; report the mean over ranks
+        self.log("val/loss", loss, prog_bar=True, batch_size=batch[0].shape[0], sync_dist=True)
         # weighted by the number of query positions, so the epoch value is exact
-        self.log("val/accuracy", acc, prog_bar=True, batch_size=max(count, 1))
+        self.log("val/accuracy", acc, prog_bar=True, batch_size=max(count, 1), sync_dist=True)
+        data = self.config.get("data", {})
+        if data.get("task", "mqar") == "mqar":  # per number of key-value pairs
+            pairs = data.get("val_kv_pairs") or [data.get("num_kv_pairs")]
+            for n, (acc_n, count_n) in accuracy_by_kv_pairs(logits, batch[1], pairs).items():
+                self.log(f"val/accuracy/kv{n}", acc_n, batch_size=count_n, sync_dist=True)
 
     def configure_optimizers(self):
         t = self.config["train"]

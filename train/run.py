@@ -13,6 +13,7 @@ same data in the same order and runs the same number of steps.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import warnings
@@ -72,6 +73,18 @@ class ValidationLog(Callback):
             self.console.print(f"  step {trainer.global_step}: {shown}")
 
 
+def is_global_zero() -> bool:
+    """False in a process that a launcher started as a non-zero rank: Lightning's `ddp`
+    re-runs the command with LOCAL_RANK/NODE_RANK set, torchrun and SLURM set RANK or
+    SLURM_PROCID. Such a rank must not create, refuse or delete the run directory, nor
+    write the reports: global rank zero does that."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
+    if "SLURM_PROCID" in os.environ and "LOCAL_RANK" not in os.environ:
+        return int(os.environ["SLURM_PROCID"]) == 0
+    return all(int(os.environ.get(k, "0") or 0) == 0 for k in ("LOCAL_RANK", "NODE_RANK"))
+
+
 def prepare_run_dir(exp_dir: Path, overwrite: bool = False, resume: bool = False) -> None:
     """Refuse an existing run directory unless asked to overwrite (delete) or resume it."""
     if overwrite and resume:
@@ -98,11 +111,14 @@ def _write_yaml(path: Path, data: dict) -> None:
 
 
 def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
-                  console: Console) -> dict:
-    """Train one variant; return its report entry {probe, step, params, metrics}."""
+                  console: Console) -> dict | None:
+    """Train one variant; return its report entry {probe, step, params, metrics}, or None
+    on a non-zero rank of a distributed run (which trains alongside but writes nothing)."""
     t, m = exp.train, exp.monitor
     vdir = exp_dir / variant
-    vdir.mkdir(parents=True, exist_ok=True)
+    zero = is_global_zero()
+    if zero:
+        vdir.mkdir(parents=True, exist_ok=True)
     config = exp.variant_config(variant)
 
     L.seed_everything(exp.seed, workers=True, verbose=False)
@@ -112,7 +128,8 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     probe_batch = val_loader.dataset.tensors[0][:m.probe_size]  # [P, T], fixed
     module = LMModule(config)
     params = module.model.param_count()
-    _write_yaml(vdir / "config.yaml", {**config, "params": params})
+    if zero:
+        _write_yaml(vdir / "config.yaml", {**config, "params": params})
 
     last_ckpt = vdir / "checkpoints" / "last.ckpt"
     ckpt_path = str(last_ckpt) if resume and last_ckpt.is_file() else None
@@ -159,6 +176,8 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
         trainer.validate(module, val_loader, verbose=False)  # the last step was not validated
         final.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     seconds = time.perf_counter() - start
+    if not trainer.is_global_zero:
+        return None
 
     console.print(f"{variant}: step {trainer.global_step}, "
                   f"val/accuracy {float(final['val/accuracy']):.3f}, "
@@ -196,12 +215,20 @@ def preflight(exp: Experiment) -> None:
 
 
 def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: bool = False,
-                     resume: bool = False, console: Console | None = None) -> dict:
-    """Train all variants of `exp` under runs_dir/<name>; return the combined report."""
-    console = console or Console(stderr=True)
+                     resume: bool = False, console: Console | None = None) -> dict | None:
+    """Train all variants of `exp` under runs_dir/<name>; return the combined report
+    (None on a non-zero rank of a distributed run: rank zero writes and reports)."""
     quiet_lightning()
     exp_dir = Path(runs_dir) / exp.name
     preflight(exp)
+    if not is_global_zero():
+        # a rank that a launcher re-ran (e.g. Lightning's ddp): rank zero prepared the run
+        # directory already; train alongside it, silently, and write nothing of our own
+        quiet = Console(stderr=True, quiet=True)
+        for variant in exp.variants:
+            train_variant(exp, variant, exp_dir, resume, quiet)
+        return None
+    console = console or Console(stderr=True)
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
     exp_dir.mkdir(parents=True, exist_ok=True)
     _write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
@@ -216,4 +243,5 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     return report
 
 
-__all__ = ["prepare_run_dir", "summary_table", "train_experiment", "train_variant"]
+__all__ = ["is_global_zero", "prepare_run_dir", "summary_table", "train_experiment",
+           "train_variant"]
