@@ -73,9 +73,7 @@ class LinearConfig(StrictConfig):
                 "the denominator zero or negative (set normalize: false)")
         require(isinstance(self.eps, (int, float)) and self.eps > 0,
                 f"eps must be positive, got {self.eps!r}")
-        require(self.backend == "auto" or self.backend in LINEAR_ATTN.names(),
-                f"unknown linear_attn backend {self.backend!r}; known: "
-                f"{['auto', *LINEAR_ATTN.names()]}")
+        LINEAR_ATTN.check(self.backend)
 
     @property
     def head_dim(self) -> int:  # V

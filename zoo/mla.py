@@ -65,9 +65,7 @@ class MLAConfig(StrictConfig):
         require(self.rope_dim % 2 == 0, f"RoPE needs an even qk_rope_head_dim, got {self.rope_dim}")
         require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
         require(self.norm_eps > 0, f"norm_eps must be positive, got {self.norm_eps}")
-        require(self.backend == "auto" or self.backend in ATTENTION.names(),
-                f"unknown attention backend {self.backend!r}; known: "
-                f"{['auto', *ATTENTION.names()]}")
+        ATTENTION.check(self.backend)
 
     @property
     def latent(self) -> int:  # R

@@ -77,9 +77,7 @@ class MoEConfig(StrictConfig):
         require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
         require(self.aux_loss_weight >= 0,
                 f"aux_loss_weight must be >= 0, got {self.aux_loss_weight}")
-        require(self.backend == "auto" or self.backend in ATTENTION.names(),
-                f"unknown attention backend {self.backend!r}; known: "
-                f"{['auto', *ATTENTION.names()]}")
+        ATTENTION.check(self.backend)
 
     @property
     def k_dim(self) -> int:

@@ -52,9 +52,7 @@ class SoftmaxConfig(StrictConfig):
         require(not self.rope or self.k_dim % 2 == 0,
                 f"RoPE needs an even head_dim, got {self.k_dim}")
         require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
-        require(self.backend == "auto" or self.backend in ATTENTION.names(),
-                f"unknown attention backend {self.backend!r}; known: "
-                f"{['auto', *ATTENTION.names()]}")
+        ATTENTION.check(self.backend)
 
     @property
     def k_dim(self) -> int:

@@ -78,11 +78,8 @@ class SSMConfig(StrictConfig):
                 f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
         require(self.a_init_min <= self.a_init_max,
                 f"a_init_min ({self.a_init_min}) must not exceed a_init_max ({self.a_init_max})")
-        require(self.backend == "auto" or self.backend in SSD.names(),
-                f"unknown ssd backend {self.backend!r}; known: {['auto', *SSD.names()]}")
-        require(self.conv_backend == "auto" or self.conv_backend in CONV.names(),
-                f"unknown causal_conv backend {self.conv_backend!r}; known: "
-                f"{['auto', *CONV.names()]}")
+        SSD.check(self.backend)
+        CONV.check(self.conv_backend)
 
     @property
     def d_inner(self) -> int:

@@ -69,6 +69,11 @@ class OpRegistry:
                              f"{['auto', *self._backends]}")
         return self._backends[name]
 
+    def check(self, name: str) -> None:
+        """For config validation: `auto` or a registered name, else ValueError naming it."""
+        if name != "auto":
+            self.get(name)
+
     def available(self) -> dict[str, str | None]:
         """backend name -> None if it loads on this machine, else the reason it does not."""
         return {name: b.unavailable() for name, b in self._backends.items()}
