@@ -114,7 +114,6 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
                   console: Console) -> dict | None:
     """Train one variant; return its report entry {probe, step, params, metrics}, or None
     on a non-zero rank of a distributed run (which trains alongside but writes nothing)."""
-    t, m = exp.train, exp.monitor
     vdir = exp_dir / variant
     zero = is_global_zero()
     if zero:
@@ -125,7 +124,7 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     train_loader, val_loader = make_loaders(
         exp.data.spec(), exp.data.train_size, exp.data.val_size, exp.data.batch_size,
         seed=exp.seed)
-    probe_batch = val_loader.dataset.tensors[0][:m.probe_size]  # [P, T], fixed
+    probe_batch = val_loader.dataset.tensors[0][:exp.monitor.probe_size]  # [P, T], fixed
     module = LMModule(config)
     params = module.model.param_count()
     if zero:
@@ -137,12 +136,30 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     console.print(f"[bold]{variant}[/]: {config['block']['name']}({kwargs}), {params:,} parameters"
                   + (f", resuming from {last_ckpt}" if ckpt_path else ""))
 
+    trainer = make_trainer(exp, variant, exp_dir, probe_batch, console)
+    start = time.perf_counter()
+    final = fit(trainer, module, train_loader, val_loader, ckpt_path, exp)
+    seconds = time.perf_counter() - start
+    if not trainer.is_global_zero:
+        return None
+    console.print(f"{variant}: step {trainer.global_step}, "
+                  f"val/accuracy {float(final['val/accuracy']):.3f}, "
+                  f"val/loss {float(final['val/loss']):.3f} ({seconds:.0f} s)")
+    backends = sorted({b.backend for b in module.model.blocks})
+    _write_yaml(vdir / "config.yaml", {**config, "params": params, "backend_used": backends})
+    return write_variant_report(exp, variant, vdir, params, final, seconds)
+
+
+def make_trainer(exp: Experiment, variant: str, exp_dir: Path, probe_batch: torch.Tensor,
+                 console: Console) -> L.Trainer:
+    """Lightning supplies the loop: checkpoints, rank monitor, progress, TensorBoard."""
+    t, m, vdir = exp.train, exp.monitor, exp_dir / variant
     monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=vdir / "ranks.jsonl",
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
     # a live progress bar on a terminal; in logs and pipes, one line per validation instead
     progress = ([StepProgressBar(console_kwargs={"stderr": True})] if console.is_terminal
                 else [ValidationLog(console)])
-    trainer = L.Trainer(
+    return L.Trainer(
         max_steps=t.max_steps,
         max_epochs=-1,  # max_steps alone stops (an epoch bound miscounts after a resume)
         accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
@@ -162,7 +179,13 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
         num_sanity_val_steps=0, enable_model_summary=False,
         default_root_dir=str(vdir),
     )
-    start = time.perf_counter()
+
+
+def fit(trainer: L.Trainer, module: LMModule, train_loader, val_loader,
+        ckpt_path: str | None, exp: Experiment) -> dict[str, float]:
+    """Fit, leave last.ckpt holding the final weights, and return the final metrics."""
+    t = exp.train
+    last_ckpt = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     try:
         trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt_path)
     except NonFiniteLoss as e:
@@ -175,15 +198,12 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     if trainer.global_step % t.val_every_n_steps or "val/accuracy" not in final:
         trainer.validate(module, val_loader, verbose=False)  # the last step was not validated
         final.update({k: float(v) for k, v in trainer.callback_metrics.items()})
-    seconds = time.perf_counter() - start
-    if not trainer.is_global_zero:
-        return None
+    return final
 
-    console.print(f"{variant}: step {trainer.global_step}, "
-                  f"val/accuracy {float(final['val/accuracy']):.3f}, "
-                  f"val/loss {float(final['val/loss']):.3f} ({seconds:.0f} s)")
-    backends = sorted({b.backend for b in module.model.blocks})
-    _write_yaml(vdir / "config.yaml", {**config, "params": params, "backend_used": backends})
+
+def write_variant_report(exp: Experiment, variant: str, vdir: Path, params: int,
+                         final: dict[str, float], seconds: float) -> dict:
+    """report.json from the last rank record and the final metrics; returns the entry."""
     record = last_record(vdir / "ranks.jsonl")
     metrics = finite_metrics({k: v for k, v in final.items()
                               if k in ("val/loss", "val/accuracy", "train/loss")})
