@@ -47,7 +47,13 @@ def _measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int 
     of length 1 and [B, H, T, T] with batch_dims=1 gives lists of length H.
     """
     s = singular_values(A, center=center)  # [..., k], the one SVD per quantity
-    metrics = spectrum_metrics(s, tuple(A.shape[-2:]), eps)
+    return summarize_spectrum(s, tuple(A.shape[-2:]), eps, batch_dims)
+
+
+def summarize_spectrum(s: torch.Tensor, shape: tuple[int, int], eps: float,
+                       batch_dims: int = 0):
+    """_measure's result from singular values s [..., k] of matrices of `shape` (m, n)."""
+    metrics = spectrum_metrics(s, shape, eps)
     dims = tuple(range(batch_dims))
     if dims:
         metrics = {k: v.mean(dims) for k, v in metrics.items()}
@@ -86,7 +92,12 @@ def _mixing_quantities(block, x: torch.Tensor, eps: float) -> dict:
     if P.dim() != 4 or P.shape[0] != B or P.shape[-2:] != (T, T):
         raise ValueError(f"{type(block).__name__}.mixing_matrices(x) must return [B, H, T, T] = "
                          f"[{B}, H, {T}, {T}], got {tuple(P.shape)}")
-    h = T // 2  # the past->future block M[T/2:, :T/2] that the mixing budget caps
+    return measure_mixing(P, eps)
+
+
+def measure_mixing(P: torch.Tensor, eps: float) -> dict:
+    """Raw, centered and past->future metrics of mixing matrices P [B, H, T, T], per head."""
+    h = P.shape[-1] // 2  # the past->future block M[T/2:, :T/2] that the mixing budget caps
     return {
         "mixing": _measure(P, eps, batch_dims=1),
         "mixing_centered": _measure(P, eps, center=True, batch_dims=1),
@@ -115,6 +126,9 @@ def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
                              f"name {wname!r}")
         measured[wname] = _measure(W, eps)  # no batch dim: one entry per leading index
     measured.update(_inference_quantities(block, x, eps))
+    # the residual stream entering the block, centered over tokens: its erank falling
+    # toward 1 with depth is token collapse (Dong et al. 2021); info-only, no cap
+    measured["hidden_centered"] = _measure(x.float(), eps, center=True, batch_dims=1)
     layer = {
         "name": name,
         "block": getattr(block, "kind", "") or type(block).__name__,

@@ -30,12 +30,14 @@ REPORT_SCHEMA = "rankzoo.report"
 # key changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
 COLUMNS = ("variant", "layer", "block", "axis", "quantity", "declared",
-           "realized", "max", "util", "erank Pc", "verdict")
-TABLE_HEADERS = {"declared": "cap"}  # narrower headers for the 80-column terminal table
+           "realized", "max", "util", "erank Pc/Hc", "verdict")
+# narrower headers for the 80-column terminal table
+TABLE_HEADERS = {"declared": "cap", "erank Pc/Hc": "Pc/Hc"}
 SHORT_VERDICT = {"saturated": "sat", "healthy": "ok", "over-provisioned": "over"}
 LEGEND = ("declared (cap) = structural upper bound; realized = rank_eps at eps = {eps}, mean "
-          "over heads; max = max over heads; util = realized / declared; erank Pc = erank of "
-          "the centered mixing matrix (collapsed, !: <= {collapsed:g}); verdict: saturated "
+          "over heads; max = max over heads; util = realized / declared; Pc/Hc = erank of "
+          "the centered mixing matrix (collapsed, !: <= {collapsed:g}) / of the centered "
+          "hidden states entering the layer (token collapse); verdict: saturated "
           "(sat: util >= {saturated:.0%}), over-provisioned (over: util < {over:.0%}), "
           "else healthy (ok)")
 
@@ -84,6 +86,9 @@ def _report_layer(layer: dict) -> dict:
         "layer": layer["layer"], "name": layer.get("name", ""), "block": layer["block"],
         "axes": _axis_rows(layer),
         "mixing_centered_erank": _mean(centered.get("erank", [])),
+        # erank of the centered hidden states entering the layer (token collapse)
+        "hidden_centered_erank": _mean(
+            layer["quantities"].get("hidden_centered", {}).get("erank", [])),
     }
 
 
@@ -129,12 +134,19 @@ def _rows(report: dict):
             for i, a in enumerate(layer["axes"]):
                 util = "-" if a["utilization"] is None else f"{100 * a['utilization']:.0f}%"
                 # The centered erank belongs to the layer: print it once, on its first row.
-                erank = _fmt(layer["mixing_centered_erank"], ".2f") if i == 0 else ""
-                if erank and layer.get("collapsed"):
-                    erank += " collapsed"
+                erank = _eranks(layer) if i == 0 else ""
                 yield (v["variant"], str(layer["layer"]), layer["block"], a["axis"],
                        a["quantity"], str(a["declared"]), _fmt(a["realized_mean"]),
                        _fmt(a["realized_max"]), util, erank, a.get("verdict") or "-")
+
+
+def _eranks(layer: dict) -> str:
+    """'3.5/21.4': the layer's centered mixing erank, then its hidden states' (if probed)."""
+    erank = _fmt(layer["mixing_centered_erank"], ".2f" if layer.get(
+        "hidden_centered_erank") is None else ".1f")
+    if layer.get("hidden_centered_erank") is not None:
+        erank += "/" + _fmt(layer["hidden_centered_erank"], ".1f")
+    return erank + (" collapsed" if layer.get("collapsed") else "")
 
 
 def _add_columns(table: Table) -> None:

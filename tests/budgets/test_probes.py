@@ -19,7 +19,7 @@ def test_layers_quantities_and_list_lengths(tiny_lm, tokens):
     assert [ly["layer"] for ly in probe["layers"]] == [0, 1]
     assert [ly["name"] for ly in probe["layers"]] == ["blocks.0", "blocks.1"]
     lengths = {"mixing": H, "mixing_centered": H, "past_future": H, "qk": H, "value": 1,
-               "inference.k": H, "inference.v": 1}
+               "inference.k": H, "inference.v": 1, "hidden_centered": 1}
     for layer in probe["layers"]:
         assert layer["block"] == "tiny" and "spectra" not in layer
         assert list(layer["quantities"]) == list(lengths)
@@ -55,6 +55,21 @@ def test_metrics_are_per_sample_then_averaged(tiny_lm, tokens):
     torch.testing.assert_close(got, per_sample)
     # Averaging attention over samples blurs it into a pattern no sample used.
     assert (got - of_mean).abs().min() > 1e-3
+
+
+def test_hidden_states_are_measured_centered_per_sample(tiny_lm, tokens):
+    """Each layer's hidden_centered is the per-sample centered erank of the block's input."""
+    probe = probe_model(tiny_lm, tokens)
+    with torch.no_grad():
+        x = tiny_lm.emb(tokens)  # [B, T, D], what layer 0 reads
+        want = rank_metrics(x, center=True)["erank"].mean()
+    got = probe["layers"][0]["quantities"]["hidden_centered"]["erank"]
+    assert got == pytest.approx([float(want)], rel=1e-5)
+    # a constant residual stream (every token alike) has centered erank 0: collapsed
+    with torch.no_grad():
+        tiny_lm.emb.weight.copy_(tiny_lm.emb.weight[:1].expand_as(tiny_lm.emb.weight))
+    collapsed = probe_model(tiny_lm, tokens)["layers"][0]["quantities"]["hidden_centered"]
+    assert collapsed["erank"][0] < 1.0
 
 
 def test_eval_mode_during_probe_and_modes_restored(tiny_lm, tokens):

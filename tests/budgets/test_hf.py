@@ -1,0 +1,258 @@
+"""`rankzoo report --hf PATH --text FILE`: rank-budget reports on saved Hugging Face LMs.
+
+Tiny random models are built from configs and saved into tmp directories: nothing is
+downloaded. The realized attention ranks are checked against ranks computed here,
+independently, from the model's own output_attentions.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="rankzoo report --hf needs transformers (pip install 'rankzoo[hf]')")
+
+import budgets  # noqa: E402
+from budgets.hf import _transformers, hf_report, probe_hf  # noqa: E402
+from train.cli import main  # noqa: E402
+
+T, P = 32, 2  # seq len, probe size: the probe batch needs 64 tokens
+H, G, K, D = 4, 2, 8, 32  # the Llama: GQA, 2 query heads per KV head
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "rank", "and", "budget", "met", "in",
+         "zoo", "of", "heads", "keys", "values", "queries", "cache", "layer", "token", "mixing")
+
+
+def _text() -> str:
+    g = torch.Generator().manual_seed(0)
+    picks = torch.randint(len(WORDS), (400,), generator=g)
+    return " ".join(WORDS[i] for i in picks.tolist()) + "\n"
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_text(_text())
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=D, intermediate_size=64, num_hidden_layers=2, num_attention_heads=H,
+        num_key_value_heads=G, vocab_size=64, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _word_tokenizer():
+    """A word-level tokenizer over WORDS, built offline with the tokenizers library."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(WORDS))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(n_embd=D, n_layer=2, n_head=H, vocab_size=64,
+                                     n_positions=128, bos_token_id=0, eos_token_id=0)
+    path = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    _word_tokenizer().save_pretrained(path)
+    return path
+
+
+def _cli(capsys, *args):
+    code = main(["report", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _json_report(capsys, model_dir, text_file, seq_len=T):
+    code, out, err = _cli(capsys, "--hf", model_dir, "--text", text_file, "--seq-len", seq_len,
+                          "--probe-size", P, "--format", "json")
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def _rows(layer):
+    return {a["quantity"]: a for a in layer["axes"]}
+
+
+# ---------------------------------------------------------------- reports
+
+def test_table_through_the_cli(capsys, llama_dir, text_file):
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
+                          "--probe-size", P)
+    assert code == 0, err
+    assert "tiny-llama" in out and "inference.k" in out and "past->future erank" in out
+    assert "raw bytes modulo the vocab size (64)" in err  # no tokenizer saved: said so
+
+
+def test_json_rows_and_caps_match_the_config(capsys, llama_dir, text_file):
+    report, _ = _json_report(capsys, llama_dir, text_file)
+    assert report["schema"] == "rankzoo.report" and report["source"]["model_type"] == "llama"
+    (variant,) = report["variants"]
+    assert variant["variant"] == "tiny-llama" and variant["seq_len"] == T
+    assert len(variant["layers"]) == 2
+    for layer in variant["layers"]:
+        rows = _rows(layer)
+        assert set(rows) == {"past_future", "qk", "value", "inference.k", "inference.v"}
+        assert rows["past_future"]["declared"] == T // 2
+        assert rows["qk"]["declared"] == K
+        assert rows["value"]["declared"] == min(D, G * K)
+        assert rows["inference.k"]["declared"] == min(T, G * K)
+        assert len(rows["past_future"]["per_head"]) == H and len(rows["qk"]["per_head"]) == H
+        assert len(rows["inference.v"]["per_head"]) == 1
+        assert {len(v) for q, v in layer["erank"].items() if q != "hidden_centered"} == {H}
+        assert all(a["verdict"] in budgets.VERDICTS for a in layer["axes"])
+
+
+def test_short_sequences_cap_the_kv_cache_at_t(llama_dir, text_file):
+    report = hf_report(llama_dir, text_file, seq_len=8, probe_size=P)
+    rows = _rows(report["variants"][0]["layers"][0])
+    assert rows["inference.k"]["declared"] == min(8, G * K) == 8
+    assert rows["past_future"]["declared"] == 4
+
+
+def _probe_ids(model_dir, text_file, vocab=64):
+    data = text_file.read_bytes()
+    if (model_dir / "tokenizer.json").is_file():
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        ids = torch.tensor(tok(data.decode(), add_special_tokens=False)["input_ids"])
+    else:
+        ids = torch.tensor(list(data)) % vocab
+    return ids[: P * T].view(P, T)
+
+
+@pytest.mark.parametrize("which", ["llama_dir", "gpt2_dir"])
+def test_realized_ranks_equal_an_independent_measurement(request, which, text_file):
+    model_dir = request.getfixturevalue(which)
+    report = hf_report(model_dir, text_file, seq_len=T, probe_size=P)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, local_files_only=True, attn_implementation="eager")
+    with torch.no_grad():
+        out = model(_probe_ids(model_dir, text_file), output_attentions=True)
+    for layer, A in zip(report["variants"][0]["layers"], out.attentions, strict=True):
+        assert A.shape == (P, H, T, T)
+        past_future = budgets.rank_metrics(A[..., T // 2:, : T // 2])  # [P, H] per metric
+        raw, centered = budgets.rank_metrics(A), budgets.rank_metrics(A, center=True)
+        assert _rows(layer)["past_future"]["per_head"] == pytest.approx(
+            past_future["rank_eps"].mean(0).tolist())  # means over the batch: [H]
+        for quantity, m in (("past_future", past_future), ("mixing", raw),
+                            ("mixing_centered", centered)):
+            assert layer["erank"][quantity] == pytest.approx(m["erank"].mean(0).tolist(),
+                                                             rel=1e-4)
+
+
+def test_qk_ranks_equal_the_dense_product(llama_dir, text_file):
+    # the probe entry keeps every metric; rank_eps alone reads K for all random heads
+    _, entry = probe_hf(llama_dir, text_file, seq_len=T, probe_size=P)
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, local_files_only=True)
+    attn = model.model.layers[1].self_attn
+    wq = attn.q_proj.weight.detach().view(H, K, D)
+    wk = attn.k_proj.weight.detach().view(G, K, D)[[h // (H // G) for h in range(H)]]
+    dense = budgets.rank_metrics(wq.transpose(1, 2) @ wk)  # of [H, D, D], materialized
+    measured = entry["probe"]["layers"][1]["quantities"]["qk"]
+    for metric in ("rank_eps", "erank", "stable_rank", "numerical_rank"):
+        assert measured[metric] == pytest.approx(dense[metric].tolist(), rel=1e-4), metric
+
+
+def test_gpt2_with_its_tokenizer(capsys, gpt2_dir, text_file):
+    report, err = _json_report(capsys, gpt2_dir, text_file)
+    assert "raw bytes" not in err and report["source"]["tokens"] == "tokenizer"
+    rows = _rows(report["variants"][0]["layers"][0])
+    assert rows["value"]["declared"] == min(D, H * K)  # no GQA: G = H
+    assert rows["inference.v"]["declared"] == min(T, H * K)
+    assert report["variants"][0]["layers"][0]["block"] == "gpt2"
+
+
+@pytest.mark.parametrize("name", ["Mistral", "Qwen2"])
+def test_llama_style_families(tmp_path, text_file, name):
+    config = getattr(transformers, f"{name}Config")(
+        hidden_size=D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=H,
+        num_key_value_heads=G, vocab_size=64, max_position_embeddings=128)
+    getattr(transformers, f"{name}ForCausalLM")(config).save_pretrained(tmp_path / name)
+    rows = _rows(hf_report(tmp_path / name, text_file, seq_len=T, probe_size=P)
+                 ["variants"][0]["layers"][0])
+    assert rows["inference.k"]["declared"] == min(T, G * K) and rows["qk"]["declared"] == K
+
+
+def test_markdown_and_plots_leave_the_model_dir_alone(capsys, tmp_path, llama_dir, text_file):
+    before = {p.name: p.stat().st_mtime_ns for p in llama_dir.iterdir()}
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
+                          "--probe-size", P, "--format", "md", "--plot", tmp_path / "plots")
+    assert code == 0, err
+    assert "| variant |" in out and "## Effective ranks per layer" in out
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "declared_vs_realized.png", "spectrum_tiny-llama.png"]
+    assert {p.name: p.stat().st_mtime_ns for p in llama_dir.iterdir()} == before
+
+
+# ---------------------------------------------------------------- bad input
+
+def _error(capsys, *args) -> str:
+    code, out, err = _cli(capsys, *args)
+    assert code == 2 and not out
+    assert err.splitlines()[-1].startswith("rankzoo: error:")  # after any notes
+    return err
+
+
+def test_empty_and_short_text(capsys, tmp_path, llama_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert "empty" in _error(capsys, "--hf", llama_dir, "--text", empty)
+    short = tmp_path / "short.txt"
+    short.write_text("ten bytes\n")
+    err = _error(capsys, "--hf", llama_dir, "--text", short, "--seq-len", T, "--probe-size", P)
+    assert "10 tokens" in err and f"needs {P * T}" in err
+    assert "not found" in _error(capsys, "--hf", llama_dir, "--text", tmp_path / "nope.txt")
+
+
+def test_bad_model_directories(capsys, tmp_path, text_file, llama_dir):
+    assert "model directory not found" in _error(capsys, "--hf", tmp_path / "nope",
+                                                 "--text", text_file)
+    assert "no config.json" in _error(capsys, "--hf", tmp_path, "--text", text_file)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    err = _error(capsys, "--hf", bert, "--text", text_file)
+    assert "'bert' is not supported" in err and "llama" in err and "gpt2" in err
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_bytes((llama_dir / "config.json").read_bytes())
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert "does not load" in _error(capsys, "--hf", corrupt, "--text", text_file)
+
+
+def test_seq_len_beyond_the_position_embedding(capsys, llama_dir, text_file):
+    err = _error(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", 256,
+                 "--probe-size", 1)
+    assert "--seq-len 256" in err and "128" in err
+
+
+def test_missing_transformers_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import now raises ImportError
+    with pytest.raises(ValueError, match=r"pip install 'rankzoo\[hf\]'"):
+        _transformers()
+
+
+@pytest.mark.parametrize("argv", [
+    ["report"],                                   # neither RUN_DIR nor --hf
+    ["report", "runs/x", "--hf", "m", "--text", "t"],  # both
+    ["report", "--hf", "m"],                      # --hf without --text
+    ["report", "runs/x", "--text", "t"],          # --text without --hf
+])
+def test_report_needs_exactly_one_source(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "rankzoo: error:" in capsys.readouterr().err
