@@ -58,8 +58,18 @@ def parser() -> argparse.ArgumentParser:
                    help="print the matched table (parameters, declared budget, costs per "
                         "variant) and stop: no training, the run directory is not touched")
 
-    r = sub.add_parser("report", help="declared vs realized ranks of a finished run")
-    r.add_argument("run_dir", help="runs/<experiment> (all variants) or one variant directory")
+    r = sub.add_parser("report", help="declared vs realized ranks of a finished run, or of a "
+                                      "Hugging Face causal LM (--hf)")
+    r.add_argument("run_dir", nargs="?",
+                   help="runs/<experiment> (all variants) or one variant directory")
+    r.add_argument("--hf", metavar="PATH",
+                   help="instead of RUN_DIR: a Hugging Face causal LM saved by save_pretrained "
+                        "(read offline, never written to)")
+    r.add_argument("--text", metavar="FILE", help="with --hf: the text the probe batch is cut from")
+    r.add_argument("--seq-len", type=_positive_int, default=128,
+                   help="with --hf: tokens per probe sequence (128)")
+    r.add_argument("--probe-size", type=_positive_int, default=4,
+                   help="with --hf: sequences in the probe batch (4)")
     r.add_argument("--format", choices=("table", "md", "json"), default="table")
     r.add_argument("--plot", metavar="DIR",
                    help="also write PNG figures into DIR (a new or empty directory)")
@@ -74,7 +84,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.verb == "report":
+        _check_report_args(p, args)
     return args
+
+
+def _check_report_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exactly one source: a run directory, or --hf PATH with --text FILE."""
+    if (args.run_dir is None) == (args.hf is None):
+        p.error("report needs exactly one of RUN_DIR or --hf PATH"
+                + (f", got both ({args.run_dir!r} and --hf {args.hf!r})" if args.hf else ""))
+    if args.hf is not None and args.text is None:
+        p.error(f"--hf {args.hf} needs --text FILE (the text the probe batch is cut from)")
+    if args.hf is None and args.text is not None:
+        p.error(f"--text {args.text} only applies with --hf PATH")
 
 
 # ---------------------------------------------------------------- blocks
@@ -143,15 +166,12 @@ def cmd_blocks(args, out: Console) -> int:
 # ---------------------------------------------------------------- train
 
 def cmd_train(args, out: Console) -> int:
-    import budgets
-
     from .experiment import load_experiment
 
     exp = load_experiment(args.config, args.overrides)  # fails before Lightning is imported
     if args.dry_run:
         return _dry_run(exp, args.format, out)
     from .module import NonFiniteLoss
-    from .results import summary_table
     from .run import train_experiment
 
     try:
@@ -162,12 +182,29 @@ def cmd_train(args, out: Console) -> int:
         return 1
     if report is None:  # a non-zero rank of a distributed run: rank zero reports
         return 0
-    if args.format == "json":
-        print(budgets.to_json(report))
-    else:
-        out.print(budgets.render_table(report))
-        out.print(summary_table(report))
+    summary = None
+    if exp.sweep is not None:
+        from .sweep import summarize
+
+        summary = summarize(exp, report)
+    _print_report(report, summary, args.format, out)
     return 0
+
+
+def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console) -> None:
+    """The report as one JSON document (with the sweep summary under "sweep"), or tables."""
+    import budgets
+
+    from .results import summary_table
+    from .sweep import sweep_table
+
+    if fmt == "json":
+        print(budgets.to_json(report if sweep is None else {**report, "sweep": sweep}))
+        return
+    out.print(budgets.render_table(report))
+    out.print(summary_table(report))
+    if sweep is not None:
+        out.print(sweep_table(sweep))
 
 
 def _dry_run(exp, fmt: str, out: Console) -> int:
@@ -188,18 +225,62 @@ def cmd_report(args, out: Console) -> int:
 
     from .results import load_run, report_markdown, summary_table
 
+    if args.hf is not None:
+        return _report_hf(args, out)
+    from .sweep import run_summary, sweep_markdown, sweep_table
+
     report = load_run(args.run_dir)
+    sweep = run_summary(args.run_dir, report)  # None unless the experiment is a sweep
     if args.plot:
         _plot(args.run_dir, report, args.plot)
     if args.format == "json":
-        print(budgets.to_json(report))
+        print(budgets.to_json(report if sweep is None else {**report, "sweep": sweep}))
     elif args.format == "md":
-        print(report_markdown(report), end="")
+        print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
     else:
         out.print(budgets.render_table(report))
         out.print(summary_table(report))
+        if sweep is not None:
+            out.print(sweep_table(sweep))
         out.print(budgets.render_advice(report))
     return 0
+
+
+def _report_hf(args, out: Console) -> int:
+    import budgets
+    from budgets.hf import build_hf_report, hf_markdown, probe_hf, render_hf_table
+
+    from .results import report_markdown
+
+    if args.plot:
+        from .plots import prepare_dir
+
+        prepare_dir(args.plot)  # refuse a non-empty --plot DIR before the slow part
+    name, entry = probe_hf(args.hf, args.text, seq_len=args.seq_len,
+                           probe_size=args.probe_size, with_spectra=bool(args.plot))
+    report = build_hf_report(name, entry)
+    if args.plot:
+        _plot_hf(name, entry, report, args.plot)
+    if args.format == "json":
+        print(budgets.to_json(report))
+    elif args.format == "md":
+        print(report_markdown(report) + "\n" + hf_markdown(report), end="")
+    else:
+        out.print(budgets.render_table(report))
+        out.print(render_hf_table(report))  # no training: no variant summary to show
+        out.print(budgets.render_advice(report))
+    return 0
+
+
+def _plot_hf(name: str, entry: dict, report: dict, out_dir: str) -> None:
+    from pathlib import Path
+
+    from .plots import _safe, _save, budget_figure, spectrum_figure
+
+    record = {"step": entry["step"], "layers": entry["probe"]["layers"]}
+    written = [_save(spectrum_figure(name, record), Path(out_dir) / f"spectrum_{_safe(name)}.png"),
+               _save(budget_figure(report), Path(out_dir) / "declared_vs_realized.png")]
+    print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
 
 
 def _plot(run_dir: str, report: dict, out_dir: str) -> None:

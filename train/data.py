@@ -43,6 +43,9 @@ class MQARSpec:
     random_non_queries: bool = True
     # numbers of key-value pairs mixed in the validation split (None: num_kv_pairs alone)
     val_kv_pairs: tuple[int, ...] | None = None
+    # relabel tokens 1..V-1 by a permutation drawn from this seed: the same task over a new
+    # key/value vocabulary (a second task for fine-tuning); None: no relabelling
+    permute_seed: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "num_kv_pairs"):
@@ -61,6 +64,10 @@ class MQARSpec:
             raise ValueError(f"mqar power_a must be > 0, got {self.power_a!r}")
         if self.val_kv_pairs is not None:
             self._check_val_kv_pairs()
+        if self.permute_seed is not None and (not isinstance(self.permute_seed, int)
+                                              or self.permute_seed < 0):
+            raise ValueError(f"mqar permute_seed must be a non-negative int or None, "
+                             f"got {self.permute_seed!r}")
 
     def _check_val_kv_pairs(self) -> None:
         pairs = self.val_kv_pairs
@@ -120,7 +127,19 @@ def make_mqar(spec: MQARSpec, num_examples: int, seed: int) -> tuple[torch.Tenso
         filler = tokens == 0
         filler[:, :context] = False
         tokens = torch.where(filler, noise, tokens)
+    if spec.permute_seed is not None:
+        tokens, labels = permute_tokens(tokens, labels, V, spec.permute_seed)
     return tokens, labels
+
+
+def permute_tokens(tokens: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relabel tokens and labels by a seeded permutation of 1..V-1 (0 and IGNORE kept)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.cat([torch.zeros(1, dtype=torch.long),
+                      torch.randperm(vocab_size - 1, generator=g) + 1])  # [V]
+    labelled = labels != IGNORE  # [N, T]
+    return perm[tokens], torch.where(labelled, perm[labels.clamp(min=0)], labels)
 
 
 def make_mqar_val(spec: MQARSpec, num_examples: int,

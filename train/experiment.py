@@ -19,6 +19,8 @@ a bad config fails before any training starts.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -32,7 +34,7 @@ from zoo.config import StrictConfig, unknown_key_error
 
 from .data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
 from .model import NORMS
-from .plan import matched_widths
+from .plan import matched_states, matched_widths
 
 OPTIMIZERS = ("adamw", "muon", "lion")
 
@@ -96,7 +98,8 @@ def _positive(section: str, **values: Any) -> None:
 # a config never carries a setting that silently does nothing.
 COMMON_DATA_KEYS = ("task", "seq_len", "train_size", "val_size", "batch_size")
 TASK_KEYS = {
-    "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs"),
+    "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs",
+             "permute_seed"),
     "markov": ("vocab_size", "rank", "temperature"),
     "text": ("paths", "max_bytes", "val_fraction", "pattern"),
 }
@@ -116,6 +119,7 @@ class DataConfig(StrictConfig):
     power_a: float = 0.01  # MQAR's query gap distribution: p(gap) ~ gap^(power_a - 1)
     random_non_queries: bool = True
     val_kv_pairs: list | None = None  # mqar: pair counts mixed in validation (num_kv_pairs)
+    permute_seed: int | None = None  # mqar: relabel tokens by a seeded permutation (new vocab)
     rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
     temperature: float = 1.0  # markov: logits are (A B^T) / temperature
     paths: list | None = None  # text: files, directories, globs, or "stdlib"
@@ -150,7 +154,8 @@ class DataConfig(StrictConfig):
         pairs = self.val_kv_pairs
         return MQARSpec(self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a,
                         self.random_non_queries,
-                        tuple(pairs) if isinstance(pairs, list) else pairs)
+                        tuple(pairs) if isinstance(pairs, list) else pairs,
+                        self.permute_seed)
 
     @property
     def intrinsic_rank(self) -> int | None:
@@ -167,8 +172,9 @@ class DataConfig(StrictConfig):
         """Only the keys this task reads (so a resolved config loads back)."""
         keys = (*COMMON_DATA_KEYS, *TASK_KEYS[self.task])
         out = {k: getattr(self, k) for k in keys}
-        if out.get("val_kv_pairs", 0) is None:  # unset: resolved configs stay as they were
-            del out["val_kv_pairs"]
+        for key in ("val_kv_pairs", "permute_seed"):
+            if out.get(key, 0) is None:  # unset: resolved configs stay as they were
+                del out[key]
         return out
 
 
@@ -186,10 +192,14 @@ def check_data_keys(raw: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class MatchConfig(StrictConfig):
-    """Iso-parameter matching: size each variant's MLP so its total parameter count is
-    within `tolerance` of the first (reference) variant's."""
+    """Matching against the first (reference) variant, each within `tolerance`:
+    state: size each variant's state knob (train/plan.py STATE_KNOBS: n_kv_heads, window,
+    feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements per sequence at
+    data.seq_len match; the matched value overrides one written in the variant.
+    params: then size each variant's MLP so its total parameter count matches."""
 
     params: bool = False
+    state: bool = False
     tolerance: float = 0.05
 
     def validate(self) -> None:
@@ -268,13 +278,75 @@ class MonitorConfig(StrictConfig):
             raise ValueError(f"monitor.eps must be in (0, 1), got {self.eps}")
 
 
+# The sweep's selection metrics and which way is better.
+SELECT_MODES = {"val/loss": "min", "val/accuracy": "max"}
+SWEEP_AXES = ("optimizer", "lr", "seed")
+
+
+@dataclass(frozen=True)
+class SweepConfig(StrictConfig):
+    """A grid: every variant runs at every listed optimizer x lr x seed (an axis left out
+    keeps the train section's value and the experiment's seed). The best lr per variant
+    and optimizer is the one with the best `select` averaged over seeds, as Zoology picks
+    it; a run whose loss diverges counts as the worst."""
+
+    optimizer: list | None = None
+    lr: list | None = None
+    seed: list | None = None
+    select: str = "val/loss"  # val/loss (lower is better) or val/accuracy (higher)
+
+    def validate(self) -> None:
+        _check_types(self, "sweep")
+        if self.select not in SELECT_MODES:
+            raise ValueError(f"sweep.select must be one of {list(SELECT_MODES)}, "
+                             f"got {self.select!r}")
+        if not self.axes:
+            raise ValueError(f"sweep needs at least one of {list(SWEEP_AXES)} as a list")
+        for axis, values in self.axes.items():
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"sweep.{axis} must be a non-empty list without repeats, "
+                                 f"got {values!r}")
+            for value in values:
+                _check_sweep_value(axis, value)
+
+    @property
+    def axes(self) -> dict[str, list]:
+        """The swept axes, in SWEEP_AXES order."""
+        return {a: getattr(self, a) for a in SWEEP_AXES if getattr(self, a) is not None}
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every grid point, e.g. {"optimizer": "muon", "lr": 0.003, "seed": 1}."""
+        axes = self.axes
+        grid = itertools.product(*axes.values())
+        return [dict(zip(axes, values, strict=True)) for values in grid]
+
+
+def _check_sweep_value(axis: str, value: Any) -> None:
+    if axis == "optimizer" and value not in OPTIMIZERS:
+        raise ValueError(f"sweep.optimizer values must be in {list(OPTIMIZERS)}, got {value!r}")
+    if axis == "lr" and not (_is_instance(value, float) and value > 0):
+        raise ValueError(f"sweep.lr values must be numbers > 0, got {value!r}")
+    if axis == "seed" and not (_is_instance(value, int) and value >= 0):
+        raise ValueError(f"sweep.seed values must be non-negative ints, got {value!r}")
+
+
+def run_name(variant: str, point: dict[str, Any]) -> str:
+    """A sweep run's directory name: mha_muon_lr0.003_s1 (only the swept axes appear)."""
+    tags = {"optimizer": str, "lr": lambda v: f"lr{v:g}", "seed": lambda v: f"s{v}"}
+    return "_".join([variant, *(tags[a](point[a]) for a in SWEEP_AXES if a in point)])
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One variant: a zoo block name and its kwargs (block_defaults merged in)."""
+    """One variant: a zoo block name and its kwargs (block_defaults merged in). In a sweep,
+    each grid point is a Variant of its own whose `base` names the configured variant and
+    whose `point` holds its optimizer, lr and seed."""
 
     name: str
     block: str
     block_kwargs: dict[str, Any]
+    base: str = ""
+    point: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"block": self.block, **self.block_kwargs}
@@ -284,7 +356,7 @@ SECTIONS: dict[str, type[StrictConfig]] = {
     "data": DataConfig, "model": ModelConfig, "train": TrainConfig, "monitor": MonitorConfig,
     "match": MatchConfig,
 }
-TOP_LEVEL = ["name", "seed", *SECTIONS, "block_defaults", "variants"]
+TOP_LEVEL = ["name", "seed", *SECTIONS, "block_defaults", "variants", "sweep", "finetune"]
 
 
 @dataclass(frozen=True)
@@ -301,15 +373,25 @@ class Experiment:
     # MLP width per variant chosen by `match` (derived, so not in to_dict: reloading
     # the resolved config recomputes the same widths)
     d_mlp: dict[str, int] = field(default_factory=dict)
+    # state knob per variant chosen by match.state, e.g. {"window": 32} (derived, likewise)
+    state: dict[str, dict[str, int]] = field(default_factory=dict)
+    sweep: SweepConfig | None = None  # when set, `variants` holds one Variant per grid point
+    finetune: Any = None  # FinetuneConfig (train/finetune.py): a LoRA stage after training
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, as YAML would hold it (loads back to an equal Experiment)."""
-        return {
+        out = {
             "name": self.name, "seed": self.seed,
             **{s: getattr(self, s).to_dict() for s in SECTIONS},
             "block_defaults": dict(self.block_defaults),
-            "variants": {n: v.to_dict() for n, v in self.variants.items()},
+            # a sweep's grid points collapse back to the variants they were expanded from
+            "variants": {v.base or n: v.to_dict() for n, v in self.variants.items()},
         }
+        if self.sweep is not None:
+            out["sweep"] = self.sweep.to_dict()
+        if self.finetune is not None:
+            out["finetune"] = self.finetune.to_dict()
+        return out
 
     def variant_config(self, variant: str) -> dict[str, Any]:
         """Everything one variant's run depends on, as a plain nested dict."""
@@ -317,13 +399,18 @@ class Experiment:
         model = self.model.to_dict()
         if variant in self.d_mlp:
             model["d_mlp"] = self.d_mlp[variant]
+        train = {**self.train.to_dict(),
+                 **{k: v.point[k] for k in ("optimizer", "lr") if k in v.point}}
         config = {
-            "experiment": self.name, "variant": variant, "seed": self.seed,
+            "experiment": self.name, "variant": variant, "seed": v.point.get("seed", self.seed),
             "data": {**self.data.to_dict(), "vocab_size": self.data.vocab_size},
-            "model": model, "block": {"name": v.block, **v.block_kwargs},
-            "train": self.train.to_dict(), "monitor": self.monitor.to_dict(),
+            "model": model,
+            "block": {"name": v.block, **v.block_kwargs, **self.state.get(variant, {})},
+            "train": train, "monitor": self.monitor.to_dict(),
             "match": self.match.to_dict(),
         }
+        if v.point:
+            config["sweep"] = {"variant": v.base, **v.point}
         if self.data.intrinsic_rank is not None:
             config["data_intrinsic_rank"] = self.data.intrinsic_rank
         return config
@@ -381,7 +468,11 @@ def _variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -> Var
 def parse_experiment(raw: Any, source: str = "<config>") -> Experiment:
     """Build a validated Experiment from a nested dict; errors are prefixed by `source`."""
     try:
-        return _parse(raw)
+        exp = _parse(raw)
+        if raw.get("finetune") is not None:  # checked against the variants parsed above
+            from .finetune import parse_finetune
+            exp = dataclasses.replace(exp, finetune=parse_finetune(raw["finetune"], exp))
+        return exp
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
 
@@ -408,16 +499,46 @@ def _parse(raw: Any) -> Experiment:
         raise ValueError("variants must be a non-empty mapping of name -> {block: ..., ...}")
     d_model = sections["model"].d_model
     variants = {n: _variant(n, v, defaults, d_model) for n, v in variants_raw.items()}
-    d_mlp = _matched_widths(sections, variants) if sections["match"].params else {}
+    # state first: the matched knob changes the block's parameters, which params then match
+    state = _matched_states(sections, variants) if sections["match"].state else {}
+    d_mlp = _matched_widths(sections, variants, state) if sections["match"].params else {}
+    sweep = None
+    if raw.get("sweep") is not None:
+        sweep = _section(raw["sweep"], SweepConfig, "sweep")
+        variants, d_mlp = expand_sweep(sweep, variants, d_mlp)
+        state = {run: state[v.base] for run, v in variants.items() if v.base in state}
     return Experiment(name=name, seed=seed, variants=variants, block_defaults=dict(defaults),
-                      d_mlp=d_mlp, **sections)
+                      d_mlp=d_mlp, state=state, sweep=sweep, **sections)
 
 
-def _matched_widths(sections: dict[str, Any], variants: dict[str, Variant]) -> dict[str, int]:
+def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
+                 d_mlp: dict[str, int]) -> tuple[dict[str, Variant], dict[str, int]]:
+    """One Variant per variant x grid point, each keeping its variant's matched width."""
+    runs: dict[str, Variant] = {}
+    for v in variants.values():
+        for point in sweep.points():
+            name = run_name(v.name, point)
+            if name in runs or (name in variants and name != v.name):
+                raise ValueError(f"sweep: run name {name!r} is taken twice; rename variant "
+                                 f"{v.name!r}")
+            runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point)
+    widths = {run: d_mlp[r.base] for run, r in runs.items() if r.base in d_mlp}
+    return runs, widths
+
+
+def _matched_states(sections: dict[str, Any],
+                    variants: dict[str, Variant]) -> dict[str, dict[str, int]]:
+    return matched_states({n: (v.block, v.block_kwargs) for n, v in variants.items()},
+                          sections["model"].d_model, sections["model"].n_layers,
+                          sections["data"].seq_len, sections["match"].tolerance)
+
+
+def _matched_widths(sections: dict[str, Any], variants: dict[str, Variant],
+                    state: dict[str, dict[str, int]]) -> dict[str, int]:
     data, model = sections["data"], sections["model"]
     sizes = {**model.to_dict(), "vocab_size": data.vocab_size, "seq_len": data.seq_len}
-    return matched_widths(sizes, {n: (v.block, v.block_kwargs) for n, v in variants.items()},
-                          sections["match"].tolerance)
+    blocks = {n: (v.block, {**v.block_kwargs, **state.get(n, {})}) for n, v in variants.items()}
+    return matched_widths(sizes, blocks, sections["match"].tolerance)
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:

@@ -23,9 +23,12 @@ def build_model(config: dict[str, Any]) -> DecoderLM:
     data, model, block = config["data"], config["model"], dict(config["block"])
     name = block.pop("name")
     return DecoderLM(
-        vocab_size=data["vocab_size"], d_model=model["d_model"], n_layers=model["n_layers"],
-        block=name, block_kwargs=block, mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
-        max_len=data["seq_len"], norm=model["norm"], tie_embeddings=model["tie_embeddings"],
+        # a fine-tune (train/finetune.py) keeps its base model's sizes in the model section
+        vocab_size=model.get("vocab_size", data["vocab_size"]), d_model=model["d_model"],
+        n_layers=model["n_layers"], block=name, block_kwargs=block,
+        mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
+        max_len=model.get("max_len", data["seq_len"]), norm=model["norm"],
+        tie_embeddings=model["tie_embeddings"],
     )
 
 

@@ -51,7 +51,7 @@ def muon_params(model: DecoderLM) -> list[nn.Parameter]:
     are not hidden maps (Muon's authors leave them to AdamW), nor are 2-D parameters that
     are not a Linear's weight (per-head tables and the like)."""
     return [m.weight for layer in model.layers for m in layer.modules()
-            if isinstance(m, nn.Linear)]
+            if isinstance(m, nn.Linear) and m.weight.requires_grad]  # frozen (LoRA): none
 
 
 def _adamw_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]:
@@ -78,6 +78,8 @@ def build_optimizer(model: DecoderLM, train: dict[str, Any]) -> torch.optim.Opti
         hidden = muon_params(model)
         ids = {id(p) for p in hidden}
         rest = [p for p in params if id(p) not in ids]
+        if not hidden:  # every hidden matrix frozen (a LoRA fine-tune): AdamW on the rest
+            return torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
         # match_rms_adamw scales Muon's update to AdamW's RMS, so one lr serves both
         muon = torch.optim.Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
         adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)

@@ -1,11 +1,22 @@
-"""Parameter matching and the dry-run table: what each variant costs, before any training.
+"""Parameter and state matching, and the dry-run table: what each variant costs, before
+any training.
 
-Models are built on the meta device: shapes and parameter counts without allocating or
-initializing weights, so sizing and planning stay instant at any model size.
+Models and blocks are built on the meta device: shapes, parameter counts and declared
+budgets without allocating or initializing weights, so sizing and planning stay instant at
+any model size.
+
+Matching order (both relative to the first variant, the reference):
+  1. state (match.state): each variant's state knob (STATE_KNOBS) is set to the value whose
+     cached elements per sequence at seq_len come nearest the reference's. The matched
+     value overrides one written in the variant: with match.state on, equal cache is the
+     comparison asked for, and a pinned knob would silently break it. The dry-run table
+     shows the value that was written beside the one used.
+  2. params (match.params): then each MLP width is sized so total parameters match.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -67,15 +78,85 @@ def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]
     return widths
 
 
-def plan_document(exp) -> dict[str, Any]:
-    """The matched table of an Experiment: per variant its block, parameters (and relative
-    difference to the first variant), MLP width, declared budget per layer and costs."""
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# Per block: the config knob that sizes its cached state, and the values to try, ascending,
+# as a function of (block kwargs, d_model, seq_len). Cache size never decreases along the
+# list, which is what lets nearest_state() stop early. Values the block's config rejects
+# (e.g. an odd MoE head_dim under RoPE, kv_lora_rank > d_model) are skipped.
+STATE_KNOBS: dict[str, tuple[str, Callable[[dict, int, int], Iterable[int]]]] = {
+    "softmax": ("n_kv_heads", lambda kw, D, T: _divisors(kw["n_heads"])),  # G: whole groups
+    "sliding_window": ("window", lambda kw, D, T: range(1, T + 1)),  # W > T caches no more
+    "linear": ("feature_dim", lambda kw, D, T: range(1, 4 * D + 1)),
+    "ssm": ("d_state", lambda kw, D, T: range(1, 4 * D + 1)),
+    "mla": ("kv_lora_rank", lambda kw, D, T: range(1, D + 1)),  # R <= d_model
+    "moe": ("head_dim", lambda kw, D, T: range(1, 4 * D + 1)),  # K = V of every expert head
+}
+
+
+def cache_elements(block: str, kwargs: dict[str, Any], d_model: int, seq_len: int) -> int:
+    """Cached elements per sequence at seq_len of one layer of `block`."""
     import zoo
 
-    rows, ref = [], None
+    with torch.device("meta"):
+        return zoo.build(block, d_model=d_model, **kwargs).budget(seq_len).cache_elements
+
+
+def nearest_state(variant: str, block: str, kwargs: dict[str, Any], target: int,
+                  d_model: int, n_layers: int, seq_len: int,
+                  tolerance: float) -> tuple[int, int]:
+    """(knob value, cache elements per sequence, all layers) nearest `target`; raises naming
+    the nearest achievable count when it is not within `tolerance` of the target."""
+    if block not in STATE_KNOBS:
+        raise ValueError(f"match.state: variant {variant!r} ({block}) cannot be state-matched: "
+                         f"no state knob is known for it (known: {sorted(STATE_KNOBS)})")
+    knob, candidates = STATE_KNOBS[block]
+    best = None  # (distance, value, cache)
+    for value in candidates(kwargs, d_model, seq_len):
+        try:
+            cache = n_layers * cache_elements(block, {**kwargs, knob: value}, d_model, seq_len)
+        except ValueError:
+            continue  # a value the block's config rejects
+        if best is None or abs(cache - target) < best[0]:
+            best = (abs(cache - target), value, cache)
+        if cache >= target:
+            break  # caches only grow from here
+    if best is None or best[0] > tolerance * target:
+        nearest = "none" if best is None else f"{best[2]:,} at {knob}={best[1]}"
+        raise ValueError(
+            f"match.state: variant {variant!r} ({block}) cannot be matched to the reference's "
+            f"{target:,} cached elements per sequence within {tolerance:.1%} by its {knob}; "
+            f"nearest achievable: {nearest}")
+    return best[1], best[2]
+
+
+def matched_states(variants: dict[str, tuple[str, dict]], d_model: int, n_layers: int,
+                   seq_len: int, tolerance: float) -> dict[str, dict[str, int]]:
+    """{variant: {knob: value}} so every variant's cache per sequence at seq_len (summed
+    over layers) is within `tolerance` of the first variant's. The reference keeps its own
+    configuration (it sets the target) and gets no entry."""
+    (_, (ref_block, ref_kwargs)), *rest = variants.items()
+    target = n_layers * cache_elements(ref_block, ref_kwargs, d_model, seq_len)
+    out = {}
+    for name, (block, kwargs) in rest:
+        value, _ = nearest_state(name, block, kwargs, target, d_model, n_layers, seq_len,
+                                 tolerance)
+        out[name] = {STATE_KNOBS[block][0]: value}
+    return out
+
+
+def plan_document(exp) -> dict[str, Any]:
+    """The matched table of an Experiment: per variant its block, parameters (and relative
+    difference to the first variant), MLP width, state knob, declared budget per layer and
+    costs (cache relative to the first variant's too)."""
+    import zoo
+
+    rows, ref, ref_cache = [], None, None
     T, D, n_layers = exp.data.seq_len, exp.model.d_model, exp.model.n_layers
-    for name in exp.variants:
-        config = exp.variant_config(name)
+    for name, run in _one_run_per_variant(exp).items():
+        config = exp.variant_config(run)
         block_kwargs = {k: v for k, v in config["block"].items() if k != "name"}
         with torch.device("meta"):
             block = zoo.build(config["block"]["name"], d_model=D, **block_kwargs)
@@ -83,41 +164,105 @@ def plan_document(exp) -> dict[str, Any]:
         d_mlp = config["model"]["d_mlp"] or default_d_mlp(D, exp.model.mlp_ratio, None)
         params = count_params(exp.data.vocab_size, D, n_layers, config["block"]["name"],
                               block_kwargs, d_mlp, T, exp.model.norm, exp.model.tie_embeddings)
+        cache = budget.cache_elements * n_layers
         ref = ref if ref is not None else params
+        ref_cache = ref_cache if ref_cache is not None else cache
         rows.append({
             "variant": name, "block": config["block"]["name"], "kwargs": block_kwargs,
             "params": params, "rel_diff": (params - ref) / ref, "d_mlp": d_mlp,
+            "state": _state_row(exp, run, block_kwargs),
             "budget_per_layer": {"mixing": budget.mixing, "logits": budget.logits,
                                  "value_path": budget.value_path,
                                  "inference": budget.inference, "total": budget.total},
-            "cache_elements": budget.cache_elements * n_layers,
+            "cache_elements": cache,
+            "cache_rel_diff": (cache - ref_cache) / ref_cache if ref_cache else 0.0,
             "flops_per_token": budget.flops_per_token * n_layers,
         })
-    return {"experiment": exp.name, "seq_len": T, "d_model": D, "n_layers": n_layers,
-            "match": exp.match.to_dict(), "data": exp.data.to_dict(),
-            "intrinsic_rank": exp.data.intrinsic_rank, "variants": rows}
+    doc = {"experiment": exp.name, "seq_len": T, "d_model": D, "n_layers": n_layers,
+           "match": exp.match.to_dict(), "data": exp.data.to_dict(),
+           "intrinsic_rank": exp.data.intrinsic_rank, "variants": rows}
+    if exp.sweep is not None:
+        doc["sweep"] = {**exp.sweep.to_dict(), "runs": len(exp.variants)}
+    return doc
+
+
+def _one_run_per_variant(exp) -> dict[str, str]:
+    """Variant name -> the run that stands for it: a sweep's grid points share a model,
+    so the table shows each configured variant once."""
+    runs: dict[str, str] = {}
+    for name, v in exp.variants.items():
+        runs.setdefault(v.base or name, name)
+    return runs
+
+
+def _sweep_note(sweep: dict[str, Any] | None) -> str:
+    """'; sweep: 24 runs, each variant at optimizer [adamw, muon] x lr [...] x seed [...]'."""
+    if sweep is None:
+        return ""
+    axes = " x ".join(f"{a} {sweep[a]}" for a in ("optimizer", "lr", "seed")
+                      if sweep.get(a) is not None)
+    return f"; sweep: {sweep['runs']} runs, each variant at {axes}"
+
+
+def _state_row(exp, variant: str, used: dict[str, Any]) -> dict[str, Any] | None:
+    """The variant's state knob: the value used and the one written in the config (None
+    when unset there, i.e. the block's default); None for a block with no known knob."""
+    v = exp.variants[variant]
+    if v.block not in STATE_KNOBS:
+        return None
+    knob = STATE_KNOBS[v.block][0]
+    return {"knob": knob, "value": used.get(knob), "written": v.block_kwargs.get(knob),
+            "matched": knob in exp.state.get(variant, {})}
+
+
+def _state_cell(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "-"
+    def shown(value):
+        return "default" if value is None else str(value)
+
+    cell = f"{state['knob']}={shown(state['value'])}"
+    if state["matched"] and state["written"] != state["value"]:
+        written = "unset" if state["written"] is None else state["written"]
+        cell += f" (was {written})"  # overridden by match.state
+    return cell
 
 
 def plan_table(doc: dict[str, Any]):
     from rich.table import Table
 
     match = doc["match"]
-    matched = f"matched within {match['tolerance']:.0%}" if match["params"] else "not matched"
+    matched = [what for what, on in (("parameters", match["params"]),
+                                     ("cache", match.get("state", False))) if on]
+    matched = (f"{' and '.join(matched)} matched within {match['tolerance']:.0%}" if matched
+               else "not matched")
     table = Table(title=f"{doc['experiment']}: {len(doc['variants'])} variants, "
                         f"d_model={doc['d_model']}, n_layers={doc['n_layers']}, "
-                        f"seq_len={doc['seq_len']} (parameters {matched})"
+                        f"seq_len={doc['seq_len']} ({matched})"
                         + (f"; data's intrinsic rank {doc['intrinsic_rank']}"
-                           if doc["intrinsic_rank"] is not None else ""),
+                           if doc["intrinsic_rank"] is not None else "")
+                        + _sweep_note(doc.get("sweep")),
                   caption="budget: declared rank caps per layer; cache (elements per sequence at "
-                          "seq_len) and FLOPs/token of the blocks, all layers")
-    cols = ("variant", "block", "params", "vs first", "d_mlp", "mixing", "logits",
-            "value_path", "inference", "total", "cache", "FLOPs/token")
+                          "seq_len) and FLOPs/token of the blocks, all layers"
+                          + ("; state: the knob that sizes the cache, (was X): the config's "
+                             "value, overridden by match.state; Δcache: vs the first variant"
+                             if match.get("state") else ""))
+    # the state knob, and the cache against the first variant's, when match.state sized them
+    state = match.get("state", False)
+    cols = ("variant", "block", "params", "vs first", "d_mlp", *(("state",) if state else ()),
+            "mixing", "logits", "value_path", "inference", "total", "cache",
+            *(("Δcache",) if state else ()), "FLOPs/token")
     for col in cols:
-        table.add_column(col, justify="left" if col in ("variant", "block") else "right")
+        # the state cell is read as one "knob=value (was X)", so it does not wrap
+        table.add_column(col, justify="left" if col in ("variant", "block", "state")
+                         else "right", no_wrap=col == "state")
     for r in doc["variants"]:
         b = r["budget_per_layer"]
         table.add_row(r["variant"], r["block"], f"{r['params']:,}", f"{r['rel_diff']:+.1%}",
-                      str(r["d_mlp"]), *(str(b[k]) for k in ("mixing", "logits", "value_path",
-                                                             "inference", "total")),
-                      f"{r['cache_elements']:,}", f"{r['flops_per_token']:,}")
+                      str(r["d_mlp"]), *((_state_cell(r["state"]),) if state else ()),
+                      *(str(b[k]) for k in ("mixing", "logits", "value_path", "inference",
+                                            "total")),
+                      f"{r['cache_elements']:,}",
+                      *((f"{r['cache_rel_diff']:+.1%}",) if state else ()),
+                      f"{r['flops_per_token']:,}")
     return table

@@ -18,6 +18,7 @@ import budgets
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
 VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
+DIVERGED_FILE = "diverged.txt"  # a sweep run whose loss went NaN: listed by the sweep only
 SUMMARY_METRICS = ("val/accuracy", "val/loss", "train/loss")
 
 
@@ -92,7 +93,8 @@ def variant_dirs(exp_dir: Path) -> list[Path]:
     if (exp_dir / EXPERIMENT_FILE).is_file():
         raw = yaml.safe_load((exp_dir / EXPERIMENT_FILE).read_text()) or {}
         order = list((raw.get("variants") or {}).keys())
-    found = sorted(p for p in exp_dir.iterdir() if p.is_dir() and is_variant_dir(p))
+    found = sorted(p for p in exp_dir.iterdir()
+                   if p.is_dir() and is_variant_dir(p) and not (p / DIVERGED_FILE).is_file())
     rank = {name: i for i, name in enumerate(order)}
     return sorted(found, key=lambda p: (rank.get(p.name, len(order)), p.name))
 

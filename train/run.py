@@ -40,6 +40,7 @@ from .results import (
     report_markdown,
     summary_table,
 )
+from .sweep import DIVERGED_FILE, summarize, sweep_markdown, write_summary
 
 
 def quiet_lightning() -> None:
@@ -120,10 +121,11 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
         vdir.mkdir(parents=True, exist_ok=True)
     config = exp.variant_config(variant)
 
-    L.seed_everything(exp.seed, workers=True, verbose=False)
+    seed = config["seed"]  # a sweep's grid point may set its own
+    L.seed_everything(seed, workers=True, verbose=False)
     train_loader, val_loader = make_loaders(
         exp.data.spec(), exp.data.train_size, exp.data.val_size, exp.data.batch_size,
-        seed=exp.seed)
+        seed=seed)
     probe_batch = val_loader.dataset.tensors[0][:exp.monitor.probe_size]  # [P, T], fixed
     module = LMModule(config)
     params = module.model.param_count()
@@ -216,6 +218,24 @@ def write_variant_report(exp: Experiment, variant: str, vdir: Path, params: int,
     return entry
 
 
+def train_sweep_run(exp: Experiment, run: str, exp_dir: Path, resume: bool,
+                    console: Console) -> dict | None:
+    """Train one grid point of a sweep; None when it diverged. A learning rate too high
+    to train is a finding of the sweep, not the end of it: the run directory keeps the
+    last good checkpoint and a note, and the sweep goes on."""
+    diverged = exp_dir / run / DIVERGED_FILE
+    if resume and diverged.is_file():
+        console.print(f"{run}: diverged before ({diverged}); not retried")
+        return None
+    try:
+        return train_variant(exp, run, exp_dir, resume, console)
+    except NonFiniteLoss as e:
+        if is_global_zero():
+            diverged.write_text(f"{e}\n")
+        console.print(f"[red]{run}: diverged[/]: {e}")
+        return None
+
+
 def preflight(exp: Experiment) -> None:
     """Run each variant's model once on a few tokens, before the run directory is touched,
     so that a kernel backend that cannot serve here fails the command up front; and read
@@ -247,6 +267,9 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
         quiet = Console(stderr=True, quiet=True)
         for variant in exp.variants:
             train_variant(exp, variant, exp_dir, resume, quiet)
+        if exp.finetune is not None:
+            from .finetune import finetune_experiment
+            finetune_experiment(exp, exp_dir, resume, quiet)
         return None
     console = console or Console(stderr=True)
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
@@ -256,9 +279,23 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     entries = {}
     for i, variant in enumerate(exp.variants, 1):
         console.rule(f"variant {i}/{len(exp.variants)}: {variant}")
-        entries[variant] = train_variant(exp, variant, exp_dir, resume, console)
+        entry = train_sweep_run(exp, variant, exp_dir, resume, console) if exp.sweep \
+            else train_variant(exp, variant, exp_dir, resume, console)
+        if entry is not None:
+            entries[variant] = entry
+    if not entries:
+        raise NonFiniteLoss(f"every run of the sweep diverged; see {exp_dir}/*/{DIVERGED_FILE}")
+    if exp.finetune is not None:  # the LoRA stage (train/finetune.py), after pretraining
+        from .finetune import finetune_experiment
+        entries.update(finetune_experiment(exp, exp_dir, resume, console))
     report = budgets.build_report(entries, experiment=exp.name)
     (exp_dir / "report.md").write_text(report_markdown(report))
+    if exp.sweep is not None:
+        summary = summarize(exp, report)
+        path = write_summary(exp_dir, summary)
+        with (exp_dir / "report.md").open("a") as f:
+            f.write("\n" + sweep_markdown(summary))
+        console.print(f"wrote the sweep summary {path}")
     console.print(f"wrote {exp_dir / 'report.md'}; TensorBoard: tensorboard --logdir {exp_dir}")
     return report
 

@@ -1,0 +1,174 @@
+"""The sweep summary: the best learning rate per variant and optimizer, with its ranks.
+
+A sweep (the `sweep` section of an experiment) runs every variant at every optimizer x lr
+x seed of its grid. Each run is scored by `sweep.select` on validation; scores are averaged
+over seeds, and the lr with the best mean wins, as Zoology selects it. A run that diverged
+(its loss went NaN) or left no result scores worst, so a too-high lr never wins by default.
+
+The realized ranks beside each winner are the seed-mean, over layers, of the report's
+realized rank per axis (rank_eps, mean over heads), plus the centered mixing erank: the
+figures that let a user see whether an optimizer or lr changed the rank a block used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.table import Table
+
+from .experiment import SELECT_MODES, Experiment, parse_experiment
+from .results import DIVERGED_FILE, EXPERIMENT_FILE
+
+SWEEP_FILE = "sweep.json"
+__all__ = ["DIVERGED_FILE", "run_summary", "summarize", "sweep_table", "write_summary"]
+RANK_COLUMNS = ("mixing", "value_path", "inference", "adapter")
+
+
+def realized_by_axis(variant_report: dict) -> dict[str, float]:
+    """Mean over layers of each axis's realized rank, and of the centered mixing erank."""
+    per_axis: dict[str, list[float]] = {}
+    for layer in variant_report["layers"]:
+        rows: dict[str, list[float]] = {}
+        for row in layer["axes"]:
+            if row["realized_mean"] is not None:
+                rows.setdefault(row["axis"], []).append(row["realized_mean"])
+        for axis, values in rows.items():
+            per_axis.setdefault(axis, []).append(statistics.fmean(values))
+        if layer.get("mixing_centered_erank") is not None:
+            per_axis.setdefault("mixing_centered_erank", []).append(
+                layer["mixing_centered_erank"])
+    return {axis: statistics.fmean(values) for axis, values in per_axis.items()}
+
+
+def _score(run: dict[str, Any] | None, select: str) -> float | None:
+    """The run's selection metric, or None when it diverged or has no finite value."""
+    value = None if run is None else run.get("metrics", {}).get(select)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _best_lr(by_lr: dict[float, list[float | None]], mode: str) -> float | None:
+    """The lr whose mean score over seeds is best; an lr with any failed seed is out."""
+    means = {lr: statistics.fmean(s) for lr, s in by_lr.items()
+             if s and all(x is not None for x in s)}
+    if not means:
+        return None
+    pick = min if mode == "min" else max
+    return pick(means, key=means.get)
+
+
+def summarize(exp: Experiment, report: dict) -> dict[str, Any]:
+    """The sweep's summary document: one group per (variant, optimizer)."""
+    if exp.sweep is None:
+        raise ValueError(f"experiment {exp.name!r} has no sweep section")
+    select, mode = exp.sweep.select, SELECT_MODES[exp.sweep.select]
+    runs = {v["variant"]: v for v in report["variants"]}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, v in exp.variants.items():
+        optimizer = v.point.get("optimizer", exp.train.optimizer)
+        groups.setdefault((v.base, optimizer), []).append(name)
+    out = [_group(exp, base, optimizer, names, runs, select, mode)
+           for (base, optimizer), names in groups.items()]
+    return {"experiment": exp.name, "select": select, "mode": mode,
+            "axes": exp.sweep.axes, "groups": out}
+
+
+def _group(exp: Experiment, base: str, optimizer: str, names: list[str],
+           runs: dict[str, dict], select: str, mode: str) -> dict[str, Any]:
+    by_lr: dict[float, list[str]] = {}
+    for name in names:
+        by_lr.setdefault(exp.variants[name].point.get("lr", exp.train.lr), []).append(name)
+    scores = {lr: [_score(runs.get(n), select) for n in ns] for lr, ns in by_lr.items()}
+    best = _best_lr(scores, mode)
+    group = {
+        "variant": base, "optimizer": optimizer, "best_lr": best,
+        "lrs": [{"lr": lr, "runs": by_lr[lr], "scores": s,
+                 "mean": statistics.fmean(s) if s and None not in s else None}
+                for lr, s in scores.items()],
+    }
+    if best is not None:
+        winners = [runs[n] for n in by_lr[best]]
+        group["runs"] = by_lr[best]
+        group["metrics"] = _mean_dicts([w.get("metrics", {}) for w in winners])
+        group["realized"] = _mean_dicts([realized_by_axis(w) for w in winners])
+        group["std"] = statistics.pstdev(scores[best]) if len(scores[best]) > 1 else 0.0
+    return group
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise mean over the dicts that have the key."""
+    keys = dict.fromkeys(k for d in dicts for k in d)
+    return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
+
+
+def _lr_cell(lrs: list[dict], best: float | None) -> str:
+    """'0.001 2.31 · 0.003 2.05* · 0.01 failed': the score at each lr, the winner starred."""
+    cells = []
+    for entry in lrs:
+        score = "failed" if entry["mean"] is None else f"{entry['mean']:.4g}"
+        cells.append(f"{entry['lr']:g} {score}{'*' if entry['lr'] == best else ''}")
+    return " · ".join(cells)
+
+
+def sweep_table(summary: dict[str, Any]) -> Table:
+    """One row per variant and optimizer: the best lr, its scores and realized ranks."""
+    table = Table(title=f"sweep: best lr per variant and optimizer on {summary['select']} "
+                        f"({'lower' if summary['mode'] == 'min' else 'higher'} is better, "
+                        "mean over seeds)",
+                  caption="ranks: realized rank_eps per axis and centered mixing erank (erank "
+                          "Pc), mean over layers and over the best lr's seeds; failed: a "
+                          "seed diverged or left no result")
+    axes = [a for a in RANK_COLUMNS if any(a in g.get("realized", {}) for g in summary["groups"])]
+    for col in ("variant", "optimizer", "best lr", "score", "± std", "val/accuracy",
+                *axes, "erank Pc", "score by lr"):
+        table.add_column(col, justify="left" if col in ("variant", "optimizer",
+                                                        "score by lr") else "right")
+    for g in summary["groups"]:
+        best = g["best_lr"]
+        realized, metrics = g.get("realized", {}), g.get("metrics", {})
+        table.add_row(
+            g["variant"], g["optimizer"], "-" if best is None else f"{best:g}",
+            _fmt(metrics.get(summary["select"])), _fmt(g.get("std")),
+            _fmt(metrics.get("val/accuracy")),
+            *(_fmt(realized.get(axis)) for axis in axes),
+            _fmt(realized.get("mixing_centered_erank")), _lr_cell(g["lrs"], best))
+    return table
+
+
+def sweep_markdown(summary: dict[str, Any]) -> str:
+    """The sweep table as Markdown, for report.md."""
+    cols = ("variant", "optimizer", "best lr", summary["select"], "val/accuracy",
+            *RANK_COLUMNS[:3], "erank Pc", "score by lr")
+    lines = [f"## Sweep: best lr per variant and optimizer on {summary['select']}", "",
+             "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for g in summary["groups"]:
+        realized, metrics = g.get("realized", {}), g.get("metrics", {})
+        cells = [g["variant"], g["optimizer"], _fmt(g["best_lr"]),
+                 _fmt(metrics.get(summary["select"])), _fmt(metrics.get("val/accuracy")),
+                 *(_fmt(realized.get(a)) for a in RANK_COLUMNS[:3]),
+                 _fmt(realized.get("mixing_centered_erank")), _lr_cell(g["lrs"], g["best_lr"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def write_summary(exp_dir: Path, summary: dict[str, Any]) -> Path:
+    path = Path(exp_dir) / SWEEP_FILE
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def run_summary(run_dir: str | Path, report: dict) -> dict[str, Any] | None:
+    """The sweep summary of a finished experiment directory, or None if it is no sweep."""
+    path = Path(run_dir) / EXPERIMENT_FILE
+    if not path.is_file():
+        return None
+    exp = parse_experiment(yaml.safe_load(path.read_text()), source=str(path))
+    return summarize(exp, report) if exp.sweep is not None else None
