@@ -138,6 +138,10 @@ def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
     }
     adapters = adapter_ranks(block, eps)  # LoRA pairs on the block's projections, if any
     if adapters:
+        # The block declares no adapter (its config knows none); the pairs attached to it
+        # do: the adapter cap is the sum of their r (each row is capped by its own r).
+        layer["budget"]["adapter"] = max(layer["budget"].get("adapter", 0),
+                                         sum(a["declared"] for a in adapters))
         layer["adapters"] = [{k: v for k, v in a.items() if k != "spectrum"} for a in adapters]
         layer["spectra"].update({f"adapter.{a['module']}.{a['adapter']}":
                                  torch.tensor([a["spectrum"]]) for a in adapters})

@@ -91,7 +91,7 @@ class FinetuneConfig(StrictConfig):
         return float(r if self.alpha is None else self.alpha)
 
     def variants(self, exp: Experiment) -> list[str]:
-        return list(self.from_variants or exp.variants)
+        return list(self.from_variants or base_variants(exp))
 
     def train_config(self, base: TrainConfig) -> TrainConfig:
         return TrainConfig(**{**base.to_dict(), **self.train})
@@ -103,6 +103,15 @@ class FinetuneConfig(StrictConfig):
 
 
 FINETUNE_KEYS = [f.name for f in dataclasses.fields(FinetuneConfig)]
+
+
+def base_variants(exp: Experiment) -> dict[str, str]:
+    """Configured variant -> one of its runs (itself, or in a sweep its first grid point,
+    which builds the same model): what `from_variants` names."""
+    out: dict[str, str] = {}
+    for name, v in exp.variants.items():
+        out.setdefault(v.base or name, name)
+    return out
 
 
 # ---------------------------------------------------------------- parsing
@@ -152,13 +161,16 @@ def parse_finetune(raw: Any, exp: Experiment) -> FinetuneConfig:
 
 
 def _check_against(ft: FinetuneConfig, exp: Experiment) -> None:
-    if getattr(exp, "sweep", None) is not None:
-        raise ValueError("finetune: a sweep experiment cannot have a finetune section yet; "
-                         "fine-tune from a plain experiment")
-    unknown = [v for v in ft.from_variants or () if v not in exp.variants]
+    if exp.sweep is not None and exp.train.devices not in (1, "1"):
+        # the best run is chosen on rank zero from the written reports; other ranks of a
+        # distributed run could not know it
+        raise ValueError(f"finetune after a sweep runs on one device, got train.devices "
+                         f"{exp.train.devices!r}")
+    bases = base_variants(exp)
+    unknown = [v for v in ft.from_variants or () if v not in bases]
     if unknown:
         raise ValueError(f"finetune.from_variants {unknown} are not variants of this "
-                         f"experiment: {list(exp.variants)}")
+                         f"experiment: {list(bases)}")
     d, base = ft.data, exp.data
     if d.vocab_size > base.vocab_size:
         raise ValueError(f"finetune.data.vocab_size ({d.vocab_size}) exceeds the pretrained "
@@ -178,7 +190,7 @@ def _check_against(ft: FinetuneConfig, exp: Experiment) -> None:
 def linear_names(exp: Experiment, variant: str) -> list[str]:
     """Dotted names of a variant's nn.Linear modules, from a weightless (meta) build."""
     with torch.device("meta"):
-        model = build_model(exp.variant_config(variant))
+        model = build_model(exp.variant_config(base_variants(exp).get(variant, variant)))
     return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
@@ -272,13 +284,17 @@ def finished_entry(vdir: Path, max_steps: int) -> dict | None:
 
 
 def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
-                     console: Console, resume: bool = False) -> dict | None:
-    """Fine-tune the adapters of one pretrained variant at rank r; return its report entry
-    (None on a non-zero rank of a distributed run, which trains alongside, writing nothing)."""
+                     console: Console, resume: bool = False,
+                     source: str | None = None) -> dict | None:
+    """Fine-tune the adapters of one pretrained variant at rank r, starting from the run
+    `source` (default: the variant's own directory; in a sweep, its best run); return its
+    report entry (None on a non-zero rank of a distributed run, which trains alongside,
+    writing nothing)."""
     from .run import _write_yaml, fit, is_global_zero, make_trainer, write_variant_report
 
     name, view = lora_name(variant, r), finetune_view(exp)
-    vdir, base_ckpt = Path(exp_dir) / name, Path(exp_dir) / variant / "checkpoints" / "last.ckpt"
+    vdir = Path(exp_dir) / name
+    base_ckpt = Path(exp_dir) / (source or variant) / "checkpoints" / "last.ckpt"
     if not base_ckpt.is_file():
         raise FileNotFoundError(f"fine-tune {name}: no pretrained checkpoint {base_ckpt} "
                                 f"(train variant {variant!r} first)")
@@ -333,9 +349,11 @@ def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
 # ---------------------------------------------------------------- the stage and its summary
 
 def finetune_experiment(exp: Experiment, exp_dir: Path, resume: bool = False,
-                        console: Console | None = None) -> dict[str, dict]:
+                        console: Console | None = None,
+                        sources: dict[str, str] | None = None) -> dict[str, dict]:
     """Every fine-tune of `exp.finetune`; returns their report entries by directory name
-    (empty on a non-zero rank) and, on rank zero, writes and prints the summary."""
+    (empty on a non-zero rank) and, on rank zero, writes and prints the summary.
+    `sources` maps a variant to the run it starts from (a sweep's best run)."""
     from .run import is_global_zero
 
     console = console or Console(stderr=True)
@@ -343,7 +361,12 @@ def finetune_experiment(exp: Experiment, exp_dir: Path, resume: bool = False,
     runs = [(v, r) for v in ft.variants(exp) for r in ft.ranks]
     for i, (variant, r) in enumerate(runs, 1):
         console.rule(f"fine-tune {i}/{len(runs)}: {lora_name(variant, r)}")
-        entry = finetune_variant(exp, variant, r, Path(exp_dir), console, resume=resume)
+        if sources is not None and variant not in sources:
+            console.print(f"{lora_name(variant, r)}: no finished run of {variant} to start "
+                          "from; skipped")
+            continue
+        entry = finetune_variant(exp, variant, r, Path(exp_dir), console, resume=resume,
+                                 source=(sources or {}).get(variant))
         if entry is not None:
             entries[lora_name(variant, r)] = entry
     if is_global_zero():

@@ -81,6 +81,17 @@ class LMModule(L.LightningModule):
                 f"{loss.item()} at step {self.global_step}; stopped (lower train.lr, or "
                 "check the data)")
 
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # A finite loss can still take a step that overflows the weights (a too-high lr);
+        # stop here, before the checkpoint and the rank monitor of this step see them.
+        bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise NonFiniteLoss(
+                f"variant {self.config.get('variant', '?')!r}: the update at step "
+                f"{self.global_step} made {len(bad)} weight tensors non-finite ({bad[0]}, ...); "
+                "stopped (lower train.lr)")
+
     def validation_step(self, batch, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         acc, count = accuracy(logits, batch[1])

@@ -40,7 +40,7 @@ from .results import (
     report_markdown,
     summary_table,
 )
-from .sweep import DIVERGED_FILE, summarize, sweep_markdown, write_summary
+from .sweep import DIVERGED_FILE, best_runs, summarize, sweep_markdown, write_summary
 
 
 def quiet_lightning() -> None:
@@ -285,13 +285,16 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
             entries[variant] = entry
     if not entries:
         raise NonFiniteLoss(f"every run of the sweep diverged; see {exp_dir}/*/{DIVERGED_FILE}")
+    summary = None
+    if exp.sweep is not None:  # its grid points only: fine-tunes are not part of it
+        summary = summarize(exp, budgets.build_report(entries, experiment=exp.name))
     if exp.finetune is not None:  # the LoRA stage (train/finetune.py), after pretraining
         from .finetune import finetune_experiment
-        entries.update(finetune_experiment(exp, exp_dir, resume, console))
+        sources = best_runs(summary) if summary is not None else None
+        entries.update(finetune_experiment(exp, exp_dir, resume, console, sources))
     report = budgets.build_report(entries, experiment=exp.name)
     (exp_dir / "report.md").write_text(report_markdown(report))
-    if exp.sweep is not None:
-        summary = summarize(exp, report)
+    if summary is not None:
         path = write_summary(exp_dir, summary)
         with (exp_dir / "report.md").open("a") as f:
             f.write("\n" + sweep_markdown(summary))

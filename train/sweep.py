@@ -25,7 +25,8 @@ from .experiment import SELECT_MODES, Experiment, parse_experiment
 from .results import DIVERGED_FILE, EXPERIMENT_FILE
 
 SWEEP_FILE = "sweep.json"
-__all__ = ["DIVERGED_FILE", "run_summary", "summarize", "sweep_table", "write_summary"]
+__all__ = ["DIVERGED_FILE", "best_runs", "run_summary", "summarize", "sweep_table",
+           "write_summary"]
 RANK_COLUMNS = ("mixing", "value_path", "inference", "adapter")
 
 
@@ -97,6 +98,23 @@ def _group(exp: Experiment, base: str, optimizer: str, names: list[str],
         group["realized"] = _mean_dicts([realized_by_axis(w) for w in winners])
         group["std"] = statistics.pstdev(scores[best]) if len(scores[best]) > 1 else 0.0
     return group
+
+
+def best_runs(summary: dict[str, Any]) -> dict[str, str]:
+    """Variant -> its single best run: the best optimizer's best lr, then the best seed
+    there (what a later stage, such as a LoRA fine-tune, starts from). A variant with no
+    finished run is left out."""
+    better = min if summary["mode"] == "min" else max
+    out: dict[str, str] = {}
+    for variant in dict.fromkeys(g["variant"] for g in summary["groups"]):
+        groups = [g for g in summary["groups"] if g["variant"] == variant and g["best_lr"]]
+        if not groups:
+            continue
+        group = better(groups, key=lambda g: g["metrics"][summary["select"]])
+        (lrs,) = [e for e in group["lrs"] if e["lr"] == group["best_lr"]]
+        scored = dict(zip(lrs["runs"], lrs["scores"], strict=True))
+        out[variant] = better(scored, key=scored.get)
+    return out
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:

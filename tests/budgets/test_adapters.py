@@ -88,6 +88,8 @@ def test_probe_and_report_account_adapters_on_a_block(tiny_lm, tokens):
     assert [a["module"] for a in layer["adapters"]] == ["lora_q"]
     assert len(layer["spectra"]["adapter.lora_q.default"][0]) == 4
     assert "adapters" not in probe["layers"][1]
+    # the attached pairs declare the layer's adapter cap; the bare layer declares none
+    assert (layer["budget"]["adapter"], probe["layers"][1]["budget"]["adapter"]) == (4, 0)
     del layer["spectra"], probe["layers"][1]["spectra"]
     report = build_report({"t": {"probe": probe, "step": 0, "params": 1}})
     rows = [a for a in report["variants"][0]["layers"][0]["axes"] if a["axis"] == "adapter"]

@@ -200,3 +200,23 @@ def test_finetune_never_overwrites_and_resume_skips_finished(run):
     entry = finetune_variant(exp, "mha", 1, exp_dir, QUIET, resume=True)
     assert entry["step"] == 4
     assert (exp_dir / "mha.lora-r1" / "report.json").read_text() == before
+
+
+def test_after_a_sweep_the_fine_tune_starts_from_the_best_run(tmp_path):
+    raw = raw_with(ranks=[1])
+    raw["sweep"] = {"lr": [1e-3, 1e4]}  # 1e4 diverges: the fine-tune must not start there
+    exp = parse_experiment(raw)
+    report = train_experiment(exp, runs_dir=tmp_path, console=QUIET)
+    assert "mha.lora-r1" in [v["variant"] for v in report["variants"]]
+    config = yaml.safe_load((tmp_path / "ft" / "mha.lora-r1" / "config.yaml").read_text())
+    assert "mha_lr0.001" in config["finetune"]["base_checkpoint"]
+    sweep = json.loads((tmp_path / "ft" / "sweep.json").read_text())
+    assert [r for g in sweep["groups"] for e in g["lrs"] for r in e["runs"]] == [
+        "mha_lr0.001", "mha_lr10000"]  # the fine-tune is not a run of the sweep
+
+
+def test_a_sweep_fine_tune_names_configured_variants():
+    raw = raw_with(from_variants=["mha_lr0.001"])
+    raw["sweep"] = {"lr": [1e-3]}
+    with pytest.raises(ValueError, match=r"not variants of this experiment: \['mha'\]"):
+        parse_experiment(raw)
