@@ -62,8 +62,21 @@ def summarize_spectrum(s: torch.Tensor, shape: tuple[int, int], eps: float,
     return values, s.reshape(-1, s.shape[-1]).cpu()
 
 
+FINAL = "<final>"  # _capture_inputs' key for the input of the model's output head
+HEAD_NAMES = ("head", "lm_head")  # where a language model keeps its output projection
+
+
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The model's output head (`head` or `lm_head`), whose input is the final hidden state."""
+    for name in HEAD_NAMES:
+        if isinstance(getattr(model, name, None), nn.Module):
+            return getattr(model, name)
+    return None
+
+
 def _capture_inputs(model: nn.Module, blocks, batch) -> dict[str, torch.Tensor]:
-    """Run model(batch) once, recording each block's first input x [B, T, D]."""
+    """Run model(batch) once, recording each block's first input x [B, T, D], and the
+    output head's input under FINAL when the model has one."""
     inputs: dict[str, torch.Tensor] = {}
 
     def hook_for(name):
@@ -73,7 +86,9 @@ def _capture_inputs(model: nn.Module, blocks, batch) -> dict[str, torch.Tensor]:
                 inputs[name] = x.detach().clone()  # clone: the model may update x in place
         return hook
 
-    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in blocks]
+    head = output_head(model)
+    watched = [*blocks, *([(FINAL, head)] if head is not None else [])]
+    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in watched]
     try:
         model(batch)
     finally:
@@ -175,4 +190,15 @@ def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = 
     finally:
         for m, mode in modes.items():
             m.training = mode
-    return {"seq_len": int(inputs[blocks[0][0]].shape[1]), "eps": float(eps), "layers": layers}
+    probe = {"seq_len": int(inputs[blocks[0][0]].shape[1]), "eps": float(eps), "layers": layers}
+    if FINAL in inputs:
+        probe["final_hidden"] = final_hidden_metrics(inputs[FINAL], eps)
+    return probe
+
+
+def final_hidden_metrics(h: torch.Tensor, eps: float) -> dict[str, float]:
+    """Metrics of the final hidden states h [B, T, D] pooled over all B*T tokens and
+    centered: the rank of the representation the output head reads (on data of low
+    intrinsic rank, such as train's Markov language, a trained model keeps it low)."""
+    values, _ = _measure(h.reshape(-1, h.shape[-1]).float(), eps, center=True)  # [B*T, D]
+    return {k: v[0] for k, v in values.items()}

@@ -106,6 +106,8 @@ def _report_variant(name: str, entry: dict) -> dict:
         # from_dict also rejects a malformed budget here rather than in a table cell.
         "budget_total": sum(RankBudget.from_dict(ly["budget"]).total for ly in probe["layers"]),
         "layers": [_report_layer(ly) for ly in probe["layers"]],
+        # centered erank of the states the output head reads, pooled over the probe batch
+        "final_hidden_centered_erank": probe.get("final_hidden", {}).get("erank"),
     }
 
 

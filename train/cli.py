@@ -191,20 +191,26 @@ def cmd_train(args, out: Console) -> int:
     return 0
 
 
-def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console) -> None:
-    """The report as one JSON document (with the sweep summary under "sweep"), or tables."""
+def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
+                  advice: bool = False) -> None:
+    """The report as one JSON document (the sweep summary under "sweep"), Markdown, or
+    tables (the sweep's after the variants'; then the advice, if asked)."""
     import budgets
 
-    from .results import summary_table
-    from .sweep import sweep_table
+    from .results import report_markdown, summary_table
+    from .sweep import sweep_markdown, sweep_table
 
     if fmt == "json":
         print(budgets.to_json(report if sweep is None else {**report, "sweep": sweep}))
-        return
-    out.print(budgets.render_table(report))
-    out.print(summary_table(report))
-    if sweep is not None:
-        out.print(sweep_table(sweep))
+    elif fmt == "md":
+        print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
+    else:
+        out.print(budgets.render_table(report))
+        out.print(summary_table(report))
+        if sweep is not None:
+            out.print(sweep_table(sweep))
+        if advice:
+            out.print(budgets.render_advice(report))
 
 
 def _dry_run(exp, fmt: str, out: Console) -> int:
@@ -221,28 +227,16 @@ def _dry_run(exp, fmt: str, out: Console) -> int:
 # ---------------------------------------------------------------- report
 
 def cmd_report(args, out: Console) -> int:
-    import budgets
-
-    from .results import load_run, report_markdown, summary_table
+    from .results import load_run
+    from .sweep import run_summary
 
     if args.hf is not None:
         return _report_hf(args, out)
-    from .sweep import run_summary, sweep_markdown, sweep_table
-
     report = load_run(args.run_dir)
     sweep = run_summary(args.run_dir, report)  # None unless the experiment is a sweep
     if args.plot:
         _plot(args.run_dir, report, args.plot)
-    if args.format == "json":
-        print(budgets.to_json(report if sweep is None else {**report, "sweep": sweep}))
-    elif args.format == "md":
-        print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
-    else:
-        out.print(budgets.render_table(report))
-        out.print(summary_table(report))
-        if sweep is not None:
-            out.print(sweep_table(sweep))
-        out.print(budgets.render_advice(report))
+    _print_report(report, sweep, args.format, out, advice=True)
     return 0
 
 

@@ -119,27 +119,34 @@ def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None =
     return budgets.annotate(report, thresholds)
 
 
+SUMMARY_COLUMNS = ("variant", "step", "params", "budget total", "final Hc", *SUMMARY_METRICS)
+
+
+def _summary_cells(v: dict) -> list[str]:
+    """variant, step, parameters, declared total, the final hidden states' centered erank
+    (pooled over the probe batch), then the headline metrics."""
+    m, final = v.get("metrics", {}), v.get("final_hidden_centered_erank")
+    return [v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
+            "-" if final is None else f"{final:.2f}",
+            *("-" if k not in m else f"{m[k]:.4g}" for k in SUMMARY_METRICS)]
+
+
 def summary_table(report: dict) -> Table:
-    """One row per variant: step, parameters, declared total, headline metrics."""
-    table = Table(title=f"variants: {report.get('experiment') or '(unnamed)'}")
-    for col in ("variant", "step", "params", "budget total", *SUMMARY_METRICS):
+    """One row per variant (see _summary_cells)."""
+    table = Table(title=f"variants: {report.get('experiment') or '(unnamed)'}",
+                  caption="final Hc: centered erank of the hidden states the output head "
+                          "reads, pooled over the probe batch")
+    for col in SUMMARY_COLUMNS:
         table.add_column(col, justify="left" if col == "variant" else "right")
     for v in report["variants"]:
-        m = v.get("metrics", {})
-        table.add_row(v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
-                      *("-" if k not in m else f"{m[k]:.4g}" for k in SUMMARY_METRICS))
+        table.add_row(*_summary_cells(v))
     return table
 
 
 def summary_markdown(report: dict) -> str:
-    cols = ("variant", "step", "params", "budget total", *SUMMARY_METRICS)
-    lines = ["## Variants", "", "| " + " | ".join(cols) + " |",
-             "|" + "|".join("---" for _ in cols) + "|"]
-    for v in report["variants"]:
-        m = v.get("metrics", {})
-        cells = [v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
-                 *("-" if k not in m else f"{m[k]:.4g}" for k in SUMMARY_METRICS)]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = ["## Variants", "", "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+             "|" + "|".join("---" for _ in SUMMARY_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_summary_cells(v)) + " |" for v in report["variants"]]
     return "\n".join(lines) + "\n"
 
 

@@ -72,6 +72,20 @@ def test_hidden_states_are_measured_centered_per_sample(tiny_lm, tokens):
     assert collapsed["erank"][0] < 1.0
 
 
+def test_final_hidden_states_are_what_the_head_reads_pooled_over_the_batch(tiny_lm, tokens):
+    seen = []
+    hook = tiny_lm.head.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    probe = probe_model(tiny_lm, tokens)
+    hook.remove()
+    h = seen[0].reshape(-1, seen[0].shape[-1])  # [B*T, D]: pooled, not per sample
+    want = rank_metrics(h, center=True)
+    assert probe["final_hidden"]["erank"] == pytest.approx(float(want["erank"]), rel=1e-5)
+    assert probe["final_hidden"]["rank_eps"] == float(want["rank_eps"])
+    del tiny_lm.head  # a model without an output head: no final figure, no error
+    tiny_lm.forward = lambda tokens: tiny_lm.blocks[1](tiny_lm.blocks[0](tiny_lm.emb(tokens)))
+    assert "final_hidden" not in probe_model(tiny_lm, tokens)
+
+
 def test_eval_mode_during_probe_and_modes_restored(tiny_lm, tokens):
     tiny_lm.train()
     tiny_lm.frozen.eval()

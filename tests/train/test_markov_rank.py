@@ -55,8 +55,9 @@ def final_hidden_states(model, tokens: torch.Tensor) -> torch.Tensor:
     return seen[0].reshape(-1, seen[0].shape[-1])
 
 
-def train_and_measure(exp, runs_dir) -> tuple[float, list[dict]]:
-    """(centered erank of the final hidden states, the last layer's value-path rows)."""
+def train_and_measure(exp, runs_dir) -> tuple[float, list[dict], dict]:
+    """(centered erank of the final hidden states, the last layer's value-path rows, the
+    run's report)."""
     report = train_experiment(exp, runs_dir, console=Console(quiet=True))
     ckpt = runs_dir / exp.name / "mha" / "checkpoints" / "last.ckpt"
     model = LMModule.load_from_checkpoint(ckpt, map_location="cpu").model
@@ -64,16 +65,21 @@ def train_and_measure(exp, runs_dir) -> tuple[float, list[dict]]:
     hidden = final_hidden_states(model, val_tokens[:PROBE_SEQUENCES])  # [B*T, D]
     erank = float(rank_metrics(hidden, center=True)["erank"])
     last_layer = report["variants"][0]["layers"][-1]
-    return erank, [a for a in last_layer["axes"] if a["axis"] == "value_path"]
+    return erank, [a for a in last_layer["axes"] if a["axis"] == "value_path"], report
 
 
 def test_low_rank_data_gives_lower_rank_final_states(tmp_path):
-    low, low_value = train_and_measure(markov_experiment(4), tmp_path)
-    high, high_value = train_and_measure(markov_experiment(32), tmp_path)
+    low, low_value, low_report = train_and_measure(markov_experiment(4), tmp_path)
+    high, high_value, high_report = train_and_measure(markov_experiment(32), tmp_path)
     print(f"centered erank of final states: r=4 {low:.2f}, r=32 {high:.2f}; value path "
           f"r=4 {[a['realized_mean'] for a in low_value]}, "
           f"r=32 {[a['realized_mean'] for a in high_value]}")
     assert high - low >= MARGIN, (low, high)
+    # the report's own figure (the probe batch, 16 sequences) says the same
+    low_rep, high_rep = (r["variants"][0]["final_hidden_centered_erank"]
+                         for r in (low_report, high_report))
+    print(f"the reports' final Hc: r=4 {low_rep:.2f}, r=32 {high_rep:.2f}")
+    assert high_rep - low_rep >= MARGIN / 2, (low_rep, high_rep)
     # the value-path ranks are reported beside it (whatever they show)
     for rows in (low_value, high_value):
         assert rows and all(a["declared"] > 0 and math.isfinite(a["realized_mean"])
