@@ -18,11 +18,23 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from budgets import RankBudget
 
 from .config import StrictConfig
+
+
+def apply_linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """proj(x), through the module itself: a wrapper that replaces a projection (PEFT's
+    LoRA layers, whose `.weight` stays the base's while their forward adds the adapter)
+    then takes effect. Only an input of another dtype than the weights, outside autocast
+    (fp64 checks of an fp32 block), is served by a cast copy of the weights instead."""
+    w = proj.weight
+    if x.dtype == w.dtype or torch.is_autocast_enabled(x.device.type):
+        return proj(x)
+    return F.linear(x, w.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype))
 
 
 class Block(nn.Module):

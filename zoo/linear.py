@@ -32,7 +32,7 @@ from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block
+from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
 from .ops.linear_attn import LINEAR_ATTN, LinearAttnSpec, linear_attn_matrix
 from .registry import register
@@ -139,8 +139,7 @@ class LinearAttention(Block):
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
         B, T, _ = x.shape
-        w, b = proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype)
-        return F.linear(x, w, b).view(B, T, self.config.n_heads, -1).transpose(1, 2)
+        return apply_linear(proj, x).view(B, T, self.config.n_heads, -1).transpose(1, 2)
 
     def features(self, x: torch.Tensor):
         """phi(q), phi(k) [B, H, T, F] and v [B, H, T, V] of x [B, T, D]."""

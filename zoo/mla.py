@@ -29,7 +29,7 @@ from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block
+from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
 from .registry import register
@@ -161,10 +161,9 @@ class MultiHeadLatentAttention(Block):
         c = self.config
         B, T, _ = x.shape
         if c.q_lora_rank is None:
-            q = F.linear(x, self._w(self.q_proj, x.dtype))
+            q = apply_linear(self.q_proj, x)
         else:
-            q = F.linear(self._rms(self.q_norm, F.linear(x, self._w(self.q_down, x.dtype))),
-                         self._w(self.q_up, x.dtype))
+            q = apply_linear(self.q_up, self._rms(self.q_norm, apply_linear(self.q_down, x)))
         q = q.view(B, T, c.n_heads, c.qk_dim).transpose(1, 2)  # [B, H, T, dn + dr]
         q_nope, q_rope = q.split([c.nope_dim, c.rope_dim], dim=-1)
         return q_nope, apply_rope(q_rope, offset, c.rope_base)
@@ -172,7 +171,7 @@ class MultiHeadLatentAttention(Block):
     def latents(self, x: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached state: latent c [B, T, R] (normed) and rotated RoPE key [B, T, dr]."""
         c = self.config
-        down = F.linear(x, self._w(self.kv_down, x.dtype))  # [B, T, R + dr]
+        down = apply_linear(self.kv_down, x)  # [B, T, R + dr]
         latent, k_rope = down.split([c.latent, c.rope_dim], dim=-1)
         k_rope = apply_rope(k_rope[:, None], offset, c.rope_base)[:, 0]  # [B, T, dr]
         return self._rms(self.kv_norm, latent), k_rope
@@ -181,7 +180,7 @@ class MultiHeadLatentAttention(Block):
         """Per-head keys' nope part [B, H, T, dn] and values [B, H, T, dv] from the latent."""
         c = self.config
         B, T, _ = latent.shape
-        kv = F.linear(latent, self._w(self.kv_up, latent.dtype))
+        kv = apply_linear(self.kv_up, latent)
         kv = kv.view(B, T, c.n_heads, c.nope_dim + c.value_dim).transpose(1, 2)
         return kv.split([c.nope_dim, c.value_dim], dim=-1)
 

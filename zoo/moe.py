@@ -38,12 +38,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block
+from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
 from .ops.attention import ATTENTION, AttnSpec, attention_probs, reference_attention
 from .registry import register
@@ -121,7 +120,7 @@ class MoEAttention(Block):
     # -- routing -------------------------------------------------------------------------
     def router_probs(self, x: torch.Tensor) -> torch.Tensor:
         """softmax(W_g x) [B, T, E], in fp32 for a stable top-k and loss."""
-        return torch.softmax(F.linear(x, self.router.weight.to(x.dtype)).float(), dim=-1)
+        return torch.softmax(apply_linear(self.router, x).float(), dim=-1)
 
     def routing(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """experts [B, T, k] (largest probability first) and their gates [B, T, k] (fp32)."""
@@ -145,8 +144,8 @@ class MoEAttention(Block):
 
     def shared_kv(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The one key [B, 1, T, K] (rotated) and value [B, 1, T, V] all heads share."""
-        k = F.linear(x, self.k_proj.weight.to(x.dtype))[:, None]
-        v = F.linear(x, self.v_proj.weight.to(x.dtype))[:, None]
+        k = apply_linear(self.k_proj, x)[:, None]
+        v = apply_linear(self.v_proj, x)[:, None]
         return self._rope(k, offset), v
 
     def _dispatch(self, experts: torch.Tensor):

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block
+from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
 from .ops.attention.reference import expand_kv
@@ -113,8 +112,7 @@ class SoftmaxAttention(Block):
 
     def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
         B, T, _ = x.shape
-        w, b = proj.weight.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype)
-        return F.linear(x, w, b).view(B, T, n, -1).transpose(1, 2)  # [B, n, T, K]
+        return apply_linear(proj, x).view(B, T, n, -1).transpose(1, 2)  # [B, n, T, K]
 
     def project(self, x: torch.Tensor, offset: int = 0):
         """Queries, keys and values of x [B, T, D], rotated for positions offset + t."""

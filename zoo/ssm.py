@@ -29,7 +29,7 @@ from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block
+from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
 from .ops.conv import CONV, ConvSpec
 from .ops.ssd import SSD, SSDSpec, ssd_mixing_matrix
@@ -144,9 +144,8 @@ class Mamba2(Block):
         B, C [B, T, G, N], and the conv state [B, conv_dim, d_conv - 1] after x."""
         c = self.config
         b, T, _ = x.shape
-        w = self.in_proj.weight.to(x.dtype)
-        bias = None if self.in_proj.bias is None else self.in_proj.bias.to(x.dtype)
-        z, xbc, dt = F.linear(x, w, bias).split([c.d_inner, c.conv_dim, c.n_heads], dim=-1)
+        z, xbc, dt = apply_linear(self.in_proj, x).split([c.d_inner, c.conv_dim, c.n_heads],
+                                                          dim=-1)
         xbc = xbc.transpose(1, 2)  # [B, conv_dim, T]; bf16 under autocast
         weight = self.conv1d.weight[:, 0].to(xbc.dtype)  # [conv_dim, W]
         conv_bias = None if self.conv1d.bias is None else self.conv1d.bias.to(xbc.dtype)
@@ -184,9 +183,7 @@ class Mamba2(Block):
         g = y.view(b, T, c.n_groups, -1)  # [B, T, G, d_inner / G]
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + c.norm_eps)
         y = g.reshape(b, T, c.d_inner) * self.norm_weight.to(y.dtype)
-        w = self.out_proj.weight.to(y.dtype)
-        bias = None if self.out_proj.bias is None else self.out_proj.bias.to(y.dtype)
-        return F.linear(y, w, bias)  # [B, T, D]
+        return apply_linear(self.out_proj, y)  # [B, T, D]
 
     def forward(self, x: torch.Tensor, cache: SSMCache | None = None) -> torch.Tensor:
         self.check_input(x)
