@@ -38,7 +38,7 @@ from torch import nn
 from .adapters import lowrank_singular_values
 from .budget import RankBudget
 from .metrics import _check_eps
-from .probes import _measure, measure_mixing, summarize_spectrum
+from .probes import _measure, final_hidden_metrics, measure_mixing, summarize_spectrum
 from .report import build_report
 
 INSTALL_HINT = "pip install 'rankzoo[hf]'"
@@ -356,7 +356,10 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1,
     if len(layers) != g.n_layers:
         raise ValueError(f"{g.model_type}: measured {len(layers)} layers, but the config "
                          f"declares num_hidden_layers={g.n_layers}")
-    return {"seq_len": int(ids.shape[1]), "eps": float(eps), "layers": layers}, float(loss)
+    probe = {"seq_len": int(ids.shape[1]), "eps": float(eps), "layers": layers,
+             # the last entry is the final norm's output, what the LM head reads
+             "final_hidden": final_hidden_metrics(out["hidden_states"][-1], eps)}
+    return probe, float(loss)
 
 
 # ---------------------------------------------------------------- the report
@@ -390,8 +393,6 @@ def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
                              strict=True):
         eranks = {q: probed["quantities"][q]["erank"] for q in ERANK_QUANTITIES}
         layer["erank"] = eranks  # per head (hidden_centered: one value per layer)
-        layer["hidden_centered_erank"] = sum(eranks["hidden_centered"]) / len(
-            eranks["hidden_centered"])
     return report
 
 

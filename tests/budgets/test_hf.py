@@ -141,7 +141,14 @@ def test_realized_ranks_equal_an_independent_measurement(request, which, text_fi
     model = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, local_files_only=True, attn_implementation="eager")
     with torch.no_grad():
-        out = model(_probe_ids(model_dir, text_file), output_attentions=True)
+        out = model(_probe_ids(model_dir, text_file), output_attentions=True,
+                    output_hidden_states=True)
+    final = out.hidden_states[-1].reshape(P * T, -1)  # the final norm's output, pooled
+    assert report["variants"][0]["final_hidden_centered_erank"] == pytest.approx(
+        float(budgets.rank_metrics(final, center=True)["erank"]), rel=1e-4)
+    for layer, x in zip(report["variants"][0]["layers"], out.hidden_states, strict=False):
+        want = budgets.rank_metrics(x, center=True)["erank"].mean()  # per sample, then mean
+        assert layer["hidden_centered_erank"] == pytest.approx(float(want), rel=1e-4)
     for layer, A in zip(report["variants"][0]["layers"], out.attentions, strict=True):
         assert A.shape == (P, H, T, T)
         past_future = budgets.rank_metrics(A[..., T // 2:, : T // 2])  # [P, H] per metric
