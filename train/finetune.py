@@ -38,7 +38,7 @@ from zoo.config import StrictConfig, unknown_key_error
 
 from .data import IGNORE, accuracy, make_loaders
 from .experiment import DataConfig, Experiment, TrainConfig, _section, check_data_keys
-from .lora import _matches, attach_lora
+from .lora import attach_lora, target_matches
 from .module import LMModule, build_model
 from .results import finite_metrics, last_record
 
@@ -198,7 +198,7 @@ def variant_targets(exp: Experiment, variant: str, targets: list[str]) -> list[s
     """The targets a variant has: an experiment mixes blocks (q_proj in attention,
     in_proj in the SSM), so each variant adapts the projections it has."""
     names = linear_names(exp, variant)
-    return [t for t in targets if any(_matches(n, t) for n in names)]
+    return [t for t in targets if any(target_matches(n, t) for n in names)]
 
 
 # ---------------------------------------------------------------- one fine-tune

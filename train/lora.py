@@ -8,14 +8,14 @@ A [r, in] and B [out, r], B zero so the adapted model starts as the pretrained o
 exposes `lora_A`, `lora_B` and a float `scaling`: budgets/adapters.py finds it by duck
 typing and measures the rank of scaling * B A exactly.
 
-Why `weight` is the *merged* matrix W0 + scaling * B A. The zoo blocks do not all call
-their projections: most read `proj.weight` and call F.linear themselves (to cast the weight
-under autocast, to split MLA's kv_up into the absorbed W_UK / W_UV for decoding, to take
-the device and dtype of a cache). A `weight` that returned W0 would let those paths skip
-the adapter silently. The merged weight is a differentiable function of A and B, so every
-path trains the adapter, and the probes' weight_matrices (W_V, W_Q W_K^T, ...) measure the
-projection the fine-tuned model really applies; the adapter's own rank is a separate axis,
-measured on B A alone. `forward` takes the cheaper unmerged route, which equals it.
+Why `weight` is the *merged* matrix W0 + scaling * B A. The zoo blocks call their
+projections (zoo.block.apply_linear), but some paths need the matrix itself: MLA's
+absorbed decoding splits kv_up into W_UK / W_UV, an fp64 check casts the weight, and the
+probes' weight_matrices (W_V, W_Q W_K^T, ...) read it. A `weight` that returned W0 would
+let those paths skip the adapter silently. The merged weight is a differentiable function
+of A and B, so every path trains the adapter and the weight probes measure the projection
+the fine-tuned model really applies; the adapter's own rank is a separate axis, measured
+on B A alone. `forward` takes the cheaper unmerged route, which equals it.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, alpha={self.alpha:g}, scaling={self.scaling:g}"
 
 
-def _matches(name: str, target: str) -> bool:
+def target_matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
@@ -86,13 +86,13 @@ def lora_targets(model: nn.Module, targets: list[str]) -> list[str]:
     """Names of the nn.Linear submodules the targets select; a target that selects none
     is an error that lists the Linear names available."""
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    unmatched = [t for t in targets if not any(_matches(n, t) for n in linears)]
+    unmatched = [t for t in targets if not any(target_matches(n, t) for n in linears)]
     if unmatched:
         short = sorted({n.rsplit(".", 1)[-1] for n in linears})
         raise ValueError(f"LoRA targets {unmatched} match no nn.Linear of "
                          f"{type(model).__name__}; Linear names: {short} (a target matches "
                          f"a name equal to it or ending in '.target', e.g. {linears[:3]})")
-    return [n for n in linears if any(_matches(n, t) for t in targets)]
+    return [n for n in linears if any(target_matches(n, t) for t in targets)]
 
 
 def attach_lora(model: nn.Module, targets: list[str], r: int, alpha: float) -> list[str]:

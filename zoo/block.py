@@ -31,10 +31,11 @@ def apply_linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
     LoRA layers, whose `.weight` stays the base's while their forward adds the adapter)
     then takes effect. Only an input of another dtype than the weights, outside autocast
     (fp64 checks of an fp32 block), is served by a cast copy of the weights instead."""
-    w = proj.weight
-    if x.dtype == w.dtype or torch.is_autocast_enabled(x.device.type):
+    # the first parameter's dtype: a wrapper's `.weight` may be computed (a merged W0 + BA)
+    if x.dtype == next(proj.parameters()).dtype or torch.is_autocast_enabled(x.device.type):
         return proj(x)
-    return F.linear(x, w.to(x.dtype), None if proj.bias is None else proj.bias.to(x.dtype))
+    bias = None if proj.bias is None else proj.bias.to(x.dtype)
+    return F.linear(x, proj.weight.to(x.dtype), bias)
 
 
 class Block(nn.Module):
