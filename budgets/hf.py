@@ -8,7 +8,7 @@ path, the only one that returns the softmax probabilities. One forward pass over
 batch [B, T] of the text gives, per layer, what a zoo block's probe methods give:
 
   attentions      [B, H, T, T]   -> mixing, mixing_centered, past_future   (per head)
-  hidden_states   [B, T, D]      -> hidden_centered  (the residual stream entering the layer)
+  attention input [B, T, D]      -> hidden_centered  (what the layer's attention reads)
   cache k, v      [B, G, T, K]   -> inference.k, inference.v  (joint over KV heads, [B, T, G*K])
   weights         W_Q^h W_K^h^T [D, D] per head -> qk; W_V^T [D, G*V] -> value; W_O -> out
 
@@ -23,6 +23,7 @@ projections in nn.Linear's (out, in) convention. transformers is imported lazily
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -303,6 +304,22 @@ def weight_quantities(w: AttnWeights, g: Geometry, eps: float) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _attention_inputs(modules: list[nn.Module]):
+    """Collect the hidden states [B, T, D] each attention module is called with."""
+    seen: list[torch.Tensor] = []
+
+    def hook(module, args, kwargs):
+        seen.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _joint(kv: torch.Tensor) -> torch.Tensor:
     B, G, T, K = kv.shape
     return kv.float().transpose(1, 2).reshape(B, T, G * K)  # [B, T, G*K], as zoo caches it
@@ -334,7 +351,7 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1,
     layout = layout_of(g.model_type, type(model).__name__)
     attention = EXTRACTORS[layout](model)
     names = {m: n for n, m in model.named_modules()}
-    with torch.no_grad():
+    with torch.no_grad(), _attention_inputs([m for m, _ in attention]) as inputs:
         out = model(input_ids=ids, output_attentions=True, output_hidden_states=True,
                     use_cache=True)
         if out.get("attentions") is None or any(a is None for a in out["attentions"]):
@@ -344,10 +361,9 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1,
         logits = out["logits"].float()  # [B, T, vocab]
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
         layers = []
-        # hidden_states has L + 1 entries (the embeddings first): layer i reads entry i
+        # what each attention module read (after its layer's pre-norm), as zoo probes it
         for i, ((module, w), P, x, kv) in enumerate(zip(
-                attention, out["attentions"], out["hidden_states"], _kv_pairs(out),
-                strict=False)):
+                attention, out["attentions"], inputs, _kv_pairs(out), strict=False)):
             params = sum(p.numel() for p in module.parameters())
             layer = _layer_entry(i, names[module], g, config, w, params, P, x, kv, eps)
             if not with_spectra:
@@ -424,8 +440,8 @@ def render_hf_table(report: dict) -> Table:
     table = Table(title=f"{v['variant']}: effective ranks per layer (means over heads)",
                   caption=f"probe: {src['probe_size']} x {src['seq_len']} tokens of "
                           f"{src['text']} ({src['tokens']}); next-token loss "
-                          f"{v['metrics']['probe/loss']:.3f}; Hc = hidden states entering "
-                          f"the layer, centered over tokens; Pc = centered attention",
+                          f"{v['metrics']['probe/loss']:.3f}; Hc = hidden states the "
+                          f"attention reads, centered over tokens; Pc = centered attention",
                   box=box.SIMPLE_HEAD)
     for col in HF_COLUMNS:
         table.add_column(col, justify="right")

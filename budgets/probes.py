@@ -141,8 +141,9 @@ def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
                              f"name {wname!r}")
         measured[wname] = _measure(W, eps)  # no batch dim: one entry per leading index
     measured.update(_inference_quantities(block, x, eps))
-    # the residual stream entering the block, centered over tokens: its erank falling
-    # toward 1 with depth is token collapse (Dong et al. 2021); info-only, no cap
+    # the hidden states the block reads (its layer's pre-norm applied), centered over
+    # tokens: their erank falling toward 1 with depth is token collapse (Dong et al.
+    # 2021); info-only, no cap
     measured["hidden_centered"] = _measure(x.float(), eps, center=True, batch_dims=1)
     layer = {
         "name": name,

@@ -37,7 +37,7 @@ SHORT_VERDICT = {"saturated": "sat", "healthy": "ok", "over-provisioned": "over"
 LEGEND = ("declared (cap) = structural upper bound; realized = rank_eps at eps = {eps}, mean "
           "over heads; max = max over heads; util = realized / declared; Pc/Hc = erank of "
           "the centered mixing matrix (collapsed, !: <= {collapsed:g}) / of the centered "
-          "hidden states entering the layer (token collapse); verdict: saturated "
+          "hidden states the layer's block reads (token collapse); verdict: saturated "
           "(sat: util >= {saturated:.0%}), over-provisioned (over: util < {over:.0%}), "
           "else healthy (ok)")
 
@@ -86,7 +86,7 @@ def _report_layer(layer: dict) -> dict:
         "layer": layer["layer"], "name": layer.get("name", ""), "block": layer["block"],
         "axes": _axis_rows(layer),
         "mixing_centered_erank": _mean(centered.get("erank", [])),
-        # erank of the centered hidden states entering the layer (token collapse)
+        # erank of the centered hidden states the block reads (token collapse)
         "hidden_centered_erank": _mean(
             layer["quantities"].get("hidden_centered", {}).get("erank", [])),
     }

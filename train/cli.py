@@ -232,7 +232,10 @@ def cmd_report(args, out: Console) -> int:
 
     if args.hf is not None:
         return _report_hf(args, out)
-    report = load_run(args.run_dir)
+    notes: list[str] = []
+    report = load_run(args.run_dir, notes=notes)
+    for note in notes:  # stderr: stdout stays one JSON document with --format json
+        print(f"rankzoo: note: {note}", file=sys.stderr)
     sweep = run_summary(args.run_dir, report)  # None unless the experiment is a sweep
     if args.plot:
         _plot(args.run_dir, report, args.plot)

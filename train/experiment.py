@@ -514,6 +514,10 @@ def _parse(raw: Any) -> Experiment:
 def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
                  d_mlp: dict[str, int]) -> tuple[dict[str, Variant], dict[str, int]]:
     """One Variant per variant x grid point, each keeping its variant's matched width."""
+    names = [run_name("", p) for p in sweep.points()]
+    if len(set(names)) < len(names):
+        raise ValueError(f"sweep: two grid points share a run name (lr values equal to 6 "
+                         f"significant digits?): {sorted(n for n in names if names.count(n) > 1)}")
     runs: dict[str, Variant] = {}
     for v in variants.values():
         for point in sweep.points():

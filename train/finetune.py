@@ -40,7 +40,7 @@ from .data import IGNORE, accuracy, make_loaders
 from .experiment import DataConfig, Experiment, TrainConfig, _section, check_data_keys
 from .lora import attach_lora, target_matches
 from .module import LMModule, build_model
-from .results import finite_metrics, last_record
+from .results import finished_entry, finite_metrics, last_record
 
 SUMMARY_FILE = "finetune.json"
 
@@ -270,19 +270,6 @@ def _check_same_config(vdir: Path, config: dict) -> None:
                                   f"({theirs} != {mine}); pass --overwrite to redo the run")
 
 
-def finished_entry(vdir: Path, max_steps: int) -> dict | None:
-    """The report entry of a fine-tune that already reached max_steps, else None."""
-    if not (vdir / "report.json").is_file() or not (vdir / "ranks.jsonl").is_file():
-        return None
-    reported = budgets.load_report(vdir / "report.json")["variants"][0]
-    if reported["step"] < max_steps:
-        return None
-    config = yaml.safe_load((vdir / "config.yaml").read_text()) or {}
-    record = last_record(vdir / "ranks.jsonl")
-    return {"probe": {k: v for k, v in record.items() if k != "step"}, "step": reported["step"],
-            "params": config.get("params", 0), "metrics": reported["metrics"]}
-
-
 def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
                      console: Console, resume: bool = False,
                      source: str | None = None) -> dict | None:
@@ -301,15 +288,14 @@ def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
     if vdir.exists() and not resume:
         raise FileExistsError(f"fine-tune directory {vdir} already exists; pass --resume to "
                               "continue it or --overwrite to redo the run")
+    base, state, base_step = load_base(base_ckpt)
+    config = finetune_config(exp, variant, r, base, base_ckpt, base_step)
+    if resume:  # first: a finished fine-tune of another config is not this one's result
+        _check_same_config(vdir, config)
     done = finished_entry(vdir, view.train.max_steps) if resume else None
     if done is not None:
         console.print(f"{name}: finished at step {done['step']}; skipped")
         return done
-
-    base, state, base_step = load_base(base_ckpt)
-    config = finetune_config(exp, variant, r, base, base_ckpt, base_step)
-    if resume:
-        _check_same_config(vdir, config)
     L.seed_everything(config["seed"], workers=True, verbose=False)
     train_loader, val_loader = make_loaders(view.data.spec(), view.data.train_size,
                                             view.data.val_size, view.data.batch_size,

@@ -57,6 +57,22 @@ def last_record(path: Path) -> dict:
     return rank_records(path)[-1]
 
 
+def finished_entry(vdir: Path, max_steps: int) -> dict | None:
+    """The report entry of a run that already reached max_steps (report.json and
+    ranks.jsonl written), else None: a resume returns it rather than refit and rewrite."""
+    if not (vdir / "report.json").is_file() or not (vdir / "ranks.jsonl").is_file():
+        return None
+    reported = budgets.load_report(vdir / "report.json")["variants"][0]
+    if reported["step"] < max_steps:
+        return None
+    config: dict[str, Any] = {}
+    if (vdir / "config.yaml").is_file():
+        config = yaml.safe_load((vdir / "config.yaml").read_text()) or {}
+    record = last_record(vdir / "ranks.jsonl")
+    return {"probe": {k: v for k, v in record.items() if k != "step"}, "step": reported["step"],
+            "params": config.get("params", reported["params"]), "metrics": reported["metrics"]}
+
+
 def merge_reports(reports: list[dict], experiment: str = "") -> dict:
     """One report with the variant sections of several (same schema and version)."""
     if not reports:
@@ -99,8 +115,15 @@ def variant_dirs(exp_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: (rank.get(p.name, len(order)), p.name))
 
 
-def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None = None) -> dict:
-    """The report of an experiment directory (all variants) or of one variant directory."""
+def has_results(vdir: Path) -> bool:
+    return (vdir / "report.json").is_file() or (vdir / "ranks.jsonl").is_file()
+
+
+def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None = None,
+             notes: list[str] | None = None) -> dict:
+    """The report of an experiment directory (all variants) or of one variant directory.
+    In an experiment, a variant that started but has no results yet (interrupted before
+    its first measurement) is left out with a line appended to `notes`."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise FileNotFoundError(f"run directory not found: {run_dir}")
@@ -110,13 +133,27 @@ def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None =
         report = variant_report(run_dir)
     else:
         vdirs = variant_dirs(run_dir)
-        if not vdirs:
+        ready = [v for v in vdirs if has_results(v)]
+        if not ready:
             raise FileNotFoundError(f"no results in {run_dir}: no report.json or ranks.jsonl in "
-                                    "it or in its variant directories")
-        report = merge_reports([variant_report(v) for v in vdirs], experiment=run_dir.name)
+                                    f"it or in its variant directories{_why_none(run_dir)}")
+        if notes is not None:
+            notes += [f"{v} has no results yet (interrupted before its first measurement?); "
+                      "left out" for v in vdirs if v not in ready]
+        report = merge_reports([variant_report(v) for v in ready], experiment=run_dir.name)
     # Verdicts and advice from the figures, for all variants together and under the current
     # thresholds (a report.json written before verdicts existed lacks them).
     return budgets.annotate(report, thresholds)
+
+
+def _why_none(run_dir: Path) -> str:
+    """'; 4 runs diverged (e.g. .../diverged.txt)' when that is why there are no results."""
+    diverged = sorted(p / DIVERGED_FILE for p in run_dir.iterdir()
+                      if (p / DIVERGED_FILE).is_file())
+    if not diverged:
+        return ""
+    runs = "1 run" if len(diverged) == 1 else f"{len(diverged)} runs"
+    return f"; {runs} diverged (e.g. {diverged[0]})"
 
 
 SUMMARY_COLUMNS = ("variant", "step", "params", "budget total", "final Hc", *SUMMARY_METRICS)

@@ -12,12 +12,14 @@ same data in the same order and runs the same number of steps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -31,10 +33,11 @@ from zoo.ops.registry import BackendUnavailable
 
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
 from .data import make_loaders, make_splits
-from .experiment import Experiment
+from .experiment import Experiment, parse_experiment
 from .module import LMModule, NonFiniteLoss, build_model
 from .results import (
     EXPERIMENT_FILE,
+    finished_entry,
     finite_metrics,
     last_record,
     report_markdown,
@@ -107,6 +110,52 @@ def prepare_run_dir(exp_dir: Path, overwrite: bool = False, resume: bool = False
     shutil.rmtree(exp_dir)
 
 
+# What a resume may change: more steps, a longer or new sweep, the fine-tune stage (each
+# fine-tune checks its own config), and new variants; anything else would continue a
+# checkpoint under settings it was not trained with.
+RESUMABLE_CHANGES = ("train.max_steps", "sweep", "finetune")
+
+
+def config_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts (both sides' keys)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if old == new else [prefix or "(top level)"]
+    keys = dict.fromkeys([*old, *new])
+    return [change for k in keys
+            for change in config_changes(old.get(k), new.get(k), f"{prefix}.{k}" if prefix
+                                         else str(k))]
+
+
+def check_resume(exp_dir: Path, exp: Experiment) -> None:
+    """Refuse to resume a run directory under a changed config, naming what changed."""
+    path = exp_dir / EXPERIMENT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"cannot resume {exp_dir}: it has no {EXPERIMENT_FILE}")
+    old = yaml.safe_load(path.read_text()) or {}
+    # through the parser, so that keys added since it was written read as defaults; if it
+    # no longer parses, it is compared as written and the differences name what changed
+    with contextlib.suppress(ValueError):
+        old = parse_experiment(old, source=str(path)).to_dict()
+    old_variants = set(old.get("variants") or {})
+    changed = [k for k in config_changes(old, exp.to_dict())
+               if not k.startswith(RESUMABLE_CHANGES)
+               and not (k.startswith("variants.") and k.split(".")[1] not in old_variants)]
+    if changed:
+        def show(key):
+            return f"{key}: {_lookup(old, key)!r} -> {_lookup(exp.to_dict(), key)!r}"
+        raise ValueError(f"--resume: {exp_dir} was trained under another config ("
+                         + "; ".join(show(k) for k in changed[:5])
+                         + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+                         + f"); only {', '.join(RESUMABLE_CHANGES)} and new variants may "
+                         "change on a resume (--overwrite redoes the run)")
+
+
+def _lookup(tree: Any, key: str) -> Any:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def _write_yaml(path: Path, data: dict) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
@@ -116,6 +165,10 @@ def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
     """Train one variant; return its report entry {probe, step, params, metrics}, or None
     on a non-zero rank of a distributed run (which trains alongside but writes nothing)."""
     vdir = exp_dir / variant
+    done = finished_entry(vdir, exp.train.max_steps) if resume else None
+    if done is not None:  # its report stands; a refit would only rewrite it
+        console.print(f"{variant}: finished at step {done['step']}; skipped")
+        return done if is_global_zero() else None
     zero = is_global_zero()
     if zero:
         vdir.mkdir(parents=True, exist_ok=True)
@@ -265,14 +318,19 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
         # a rank that a launcher re-ran (e.g. Lightning's ddp): rank zero prepared the run
         # directory already; train alongside it, silently, and write nothing of our own
         quiet = Console(stderr=True, quiet=True)
-        for variant in exp.variants:
-            train_variant(exp, variant, exp_dir, resume, quiet)
+        for variant in exp.variants:  # as rank zero runs them, or the ranks fall out of step
+            if exp.sweep is not None:
+                train_sweep_run(exp, variant, exp_dir, resume, quiet)
+            else:
+                train_variant(exp, variant, exp_dir, resume, quiet)
         if exp.finetune is not None:
             from .finetune import finetune_experiment
             finetune_experiment(exp, exp_dir, resume, quiet)
         return None
     console = console or Console(stderr=True)
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
+    if resume:
+        check_resume(exp_dir, exp)  # before anything in the directory is rewritten
     exp_dir.mkdir(parents=True, exist_ok=True)
     _write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
 

@@ -146,8 +146,12 @@ def test_realized_ranks_equal_an_independent_measurement(request, which, text_fi
     final = out.hidden_states[-1].reshape(P * T, -1)  # the final norm's output, pooled
     assert report["variants"][0]["final_hidden_centered_erank"] == pytest.approx(
         float(budgets.rank_metrics(final, center=True)["erank"]), rel=1e-4)
-    for layer, x in zip(report["variants"][0]["layers"], out.hidden_states, strict=False):
-        want = budgets.rank_metrics(x, center=True)["erank"].mean()  # per sample, then mean
+    norms = ([layer.input_layernorm for layer in model.model.layers] if which == "llama_dir"
+             else [block.ln_1 for block in model.transformer.h])
+    for layer, x, norm in zip(report["variants"][0]["layers"], out.hidden_states, norms,
+                              strict=False):  # the residual stream, through the pre-norm
+        with torch.no_grad():
+            want = budgets.rank_metrics(norm(x), center=True)["erank"].mean()  # per sample
         assert layer["hidden_centered_erank"] == pytest.approx(float(want), rel=1e-4)
     for layer, A in zip(report["variants"][0]["layers"], out.attentions, strict=True):
         assert A.shape == (P, H, T, T)

@@ -200,19 +200,29 @@ def test_finetune_never_overwrites_and_resume_skips_finished(run):
     entry = finetune_variant(exp, "mha", 1, exp_dir, QUIET, resume=True)
     assert entry["step"] == 4
     assert (exp_dir / "mha.lora-r1" / "report.json").read_text() == before
+    # a finished fine-tune of another task is not this one's result: refused, untouched
+    changed = parse_experiment(raw_with(data={**DATA, "permute_seed": 7}))
+    with pytest.raises(FileExistsError, match=r"different data section"):
+        finetune_variant(changed, "mha", 1, exp_dir, QUIET, resume=True)
+    assert (exp_dir / "mha.lora-r1" / "report.json").read_text() == before
 
 
 def test_after_a_sweep_the_fine_tune_starts_from_the_best_run(tmp_path):
     raw = raw_with(ranks=[1])
-    raw["sweep"] = {"lr": [1e-3, 1e4]}  # 1e4 diverges: the fine-tune must not start there
+    # 1e4 diverges; of the two finite lrs, the sweep's summary picks the winner
+    raw["sweep"] = {"lr": [1e-5, 1e-2, 1e4]}
     exp = parse_experiment(raw)
     report = train_experiment(exp, runs_dir=tmp_path, console=QUIET)
     assert "mha.lora-r1" in [v["variant"] for v in report["variants"]]
-    config = yaml.safe_load((tmp_path / "ft" / "mha.lora-r1" / "config.yaml").read_text())
-    assert "mha_lr0.001" in config["finetune"]["base_checkpoint"]
     sweep = json.loads((tmp_path / "ft" / "sweep.json").read_text())
-    assert [r for g in sweep["groups"] for e in g["lrs"] for r in e["runs"]] == [
-        "mha_lr0.001", "mha_lr10000"]  # the fine-tune is not a run of the sweep
+    (group,) = sweep["groups"]
+    losses = {e["lr"]: e["mean"] for e in group["lrs"]}
+    assert losses[1e4] is None and group["best_lr"] == min((1e-5, 1e-2), key=losses.get)
+    config = yaml.safe_load((tmp_path / "ft" / "mha.lora-r1" / "config.yaml").read_text())
+    best_run = {1e-5: "mha_lr1e-05", 1e-2: "mha_lr0.01"}[group["best_lr"]]
+    assert f"/{best_run}/" in config["finetune"]["base_checkpoint"]
+    assert [r for e in group["lrs"] for r in e["runs"]] == [
+        "mha_lr1e-05", "mha_lr0.01", "mha_lr10000"]  # the fine-tune is not a run of the sweep
 
 
 def test_a_sweep_fine_tune_names_configured_variants():

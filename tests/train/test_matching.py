@@ -130,7 +130,6 @@ def test_without_match_state_nothing_changes():
     ({"block": "mla"}, r"variant 'other' \(mla\) cannot be matched to the reference's 2,048 "
                        r"cached elements per sequence within 5\.0% by its kv_lora_rank; "
                        r"nearest achievable: 1,152 at kv_lora_rank=32"),
-    # n_kv_heads takes divisors of n_heads only: 1,024 or 2,048 against 1,536
     # n_kv_heads takes divisors of n_heads only: 768 per group, so 1,536 or 3,072
     ({"block": "softmax", "head_dim": 12}, r"variant 'other' \(softmax\) cannot be matched "
                                            r"to the reference's 2,048 .*by its n_kv_heads; "

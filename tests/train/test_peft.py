@@ -1,6 +1,8 @@
 """PEFT's LoRA on a zoo model: the adapters act in every block's forward, and the probes
 account each one against its own r (LoraConfig's `r` and `rank_pattern`)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -23,11 +25,13 @@ def peft_model(block: str, seed: int = 0):
     whose B factors are random (PEFT starts them at zero, which would hide everything)."""
     torch.manual_seed(seed)
     kwargs, targets = BLOCKS[block]
-    base = DecoderLM(32, 16, 2, block, kwargs, max_len=16)
+    base = DecoderLM(32, 16, 2, block, kwargs, max_len=16).eval()
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
                              rank_pattern={targets[1]: 2})
-    wrapped = peft.get_peft_model(DecoderLM(32, 16, 2, block, kwargs, max_len=16), config)
-    wrapped.base_model.model.load_state_dict(base.state_dict(), strict=False)
+    wrapped = peft.get_peft_model(copy.deepcopy(base), config).eval()
+    tokens = torch.randint(0, 32, (2, 16))
+    with torch.no_grad():  # PEFT's B starts at zero: the wrapped model is the base model
+        torch.testing.assert_close(wrapped(tokens), base(tokens))
     for name, p in wrapped.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
@@ -38,7 +42,6 @@ def peft_model(block: str, seed: int = 0):
 def test_peft_adapters_act_in_the_forward_and_train(block):
     base, wrapped, _ = peft_model(block)
     tokens = torch.randint(0, 32, (2, 16))
-    base.eval(), wrapped.eval()
     assert not torch.allclose(base(tokens), wrapped(tokens), atol=1e-4)  # the update acts
     wrapped(tokens).square().mean().backward()
     grads = [p.grad for n, p in wrapped.named_parameters() if "lora_A" in n]

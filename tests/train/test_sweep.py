@@ -7,7 +7,7 @@ import pytest
 
 from train.cli import main
 from train.experiment import parse_experiment
-from train.sweep import summarize, sweep_markdown, sweep_table
+from train.sweep import best_runs, summarize, sweep_markdown, sweep_table
 
 
 def raw_experiment(**sweep):
@@ -70,8 +70,9 @@ def test_matched_widths_follow_each_run():
     ({"lr": [0.1], "select": "val/ppl"}, "sweep.select must be one of"),
     ({"select": "val/loss"}, "at least one of"),
     ({"lrs": [0.1]}, "did you mean 'sweep.lr'"),
+    ({"lr": [0.0012345671, 0.0012345674]}, "two grid points share a run name"),
 ], ids=["negative-lr", "string-lr", "unknown-optimizer", "repeated-seed", "empty-list",
-        "float-seed", "scalar-not-list", "bad-select", "no-axis", "unknown-key"])
+        "float-seed", "scalar-not-list", "bad-select", "no-axis", "unknown-key", "lr-clash"])
 def test_bad_sweep_values_are_named(sweep, message):
     with pytest.raises(ValueError) as e:
         parse_experiment(raw_experiment(**sweep))
@@ -105,6 +106,17 @@ def test_best_lr_is_the_best_mean_over_seeds_and_a_failed_seed_disqualifies():
     assert [e["mean"] for e in groups["mha"]["lrs"]][2] is None
     assert groups["ssm"]["best_lr"] == 1e-2
     assert "0.003 1.55*" in sweep_markdown(summarize(exp, report))
+
+
+def test_best_runs_take_the_best_optimizer_then_the_best_seed():
+    exp = parse_experiment(raw_experiment(optimizer=["adamw", "muon"], lr=[1e-3], seed=[0, 1]))
+    scores = {"mha_adamw_lr0.001_s0": 2.0, "mha_adamw_lr0.001_s1": 2.2,
+              "mha_muon_lr0.001_s0": 1.4, "mha_muon_lr0.001_s1": 1.2,  # muon: best mean
+              "ssm_adamw_lr0.001_s0": 0.9, "ssm_adamw_lr0.001_s1": 1.5,
+              "ssm_muon_lr0.001_s0": 1.1}  # ssm muon lost a seed: out
+    report = {"variants": [fake_run(n, s) for n, s in scores.items()]}
+    assert best_runs(summarize(exp, report)) == {"mha": "mha_muon_lr0.001_s1",
+                                                 "ssm": "ssm_adamw_lr0.001_s0"}
 
 
 def test_accuracy_is_maximized():
@@ -151,3 +163,27 @@ def test_dry_run_shows_each_variant_once_and_the_grid(tmp_path, capsys, monkeypa
     assert main(["train", str(config), "--dry-run"]) == 0
     assert "sweep: 8 runs" in capsys.readouterr().out
     assert not (tmp_path / "runs").exists()
+
+
+def test_report_leaves_out_an_interrupted_run_and_names_divergence(tmp_path, capsys):
+    config = tmp_path / "sweep.yaml"
+    raw = raw_experiment(lr=[1e4])
+    del raw["variants"]["ssm"]
+    config.write_text(json.dumps(raw))
+    runs = tmp_path / "runs"
+    assert main(["train", str(config), "--runs-dir", str(runs)]) == 1  # every run diverged
+    assert "every run of the sweep diverged" in capsys.readouterr().err
+    assert main(["report", str(runs / "sw")]) == 2
+    assert "1 run diverged (e.g. " in capsys.readouterr().err
+
+    raw["sweep"] = {"lr": [1e-3]}
+    config.write_text(json.dumps(raw))
+    assert main(["train", str(config), "--runs-dir", str(runs), "--overwrite"]) == 0
+    interrupted = runs / "sw" / "mha_lr0.003"  # started, killed before any measurement
+    interrupted.mkdir()
+    (interrupted / "config.yaml").write_text("variant: mha_lr0.003\n")
+    capsys.readouterr()
+    assert main(["report", str(runs / "sw"), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert [v["variant"] for v in json.loads(out)["variants"]] == ["mha_lr0.001"]
+    assert f"note: {interrupted} has no results yet" in err
