@@ -79,7 +79,11 @@ EXTRACTORS: dict[str, Callable[[nn.Module], list[tuple[nn.Module, AttnWeights]]]
     "llama": _llama_weights,
     "gpt2": _gpt2_weights,
 }
-LAYOUT_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+# model types with Llama's layout (their extras, e.g. Qwen3's q/k norms or Gemma 2's logit
+# soft-capping, shape the attention probabilities, which are measured as the model made them)
+LAYOUT_OF = {**dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
+                              "gemma", "gemma2", "olmo2", "granite"), "llama"),
+             "gpt2": "gpt2"}
 
 
 def layout_of(model_type: str, where: Path | str = "") -> str:

@@ -187,11 +187,12 @@ def test_gpt2_with_its_tokenizer(capsys, gpt2_dir, text_file):
     assert report["variants"][0]["layers"][0]["block"] == "gpt2"
 
 
-@pytest.mark.parametrize("name", ["Mistral", "Qwen2"])
+@pytest.mark.parametrize("name", ["Mistral", "Mixtral", "Qwen2", "Qwen3", "Gemma2", "Olmo2"])
 def test_llama_style_families(tmp_path, text_file, name):
     config = getattr(transformers, f"{name}Config")(
         hidden_size=D, intermediate_size=64, num_hidden_layers=1, num_attention_heads=H,
-        num_key_value_heads=G, vocab_size=64, max_position_embeddings=128)
+        num_key_value_heads=G, head_dim=K, vocab_size=64, max_position_embeddings=128,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
     getattr(transformers, f"{name}ForCausalLM")(config).save_pretrained(tmp_path / name)
     rows = _rows(hf_report(tmp_path / name, text_file, seq_len=T, probe_size=P)
                  ["variants"][0]["layers"][0])
