@@ -270,6 +270,32 @@ def _check_same_config(vdir: Path, config: dict) -> None:
                                   f"({theirs} != {mine}); pass --overwrite to redo the run")
 
 
+def base_checkpoint(exp_dir: Path, name: str, variant: str, source: str | None,
+                    resume: bool) -> Path:
+    """The pretrained checkpoint a fine-tune starts from, after the checks that nothing is
+    missing and nothing already written would be overwritten."""
+    base_ckpt = Path(exp_dir) / (source or variant) / "checkpoints" / "last.ckpt"
+    if not base_ckpt.is_file():
+        raise FileNotFoundError(f"fine-tune {name}: no pretrained checkpoint {base_ckpt} "
+                                f"(train variant {variant!r} first)")
+    if (Path(exp_dir) / name).exists() and not resume:
+        raise FileExistsError(f"fine-tune directory {Path(exp_dir) / name} already exists; "
+                              "pass --resume to continue it or --overwrite to redo the run")
+    return base_ckpt
+
+
+def adapted_module(config: dict, state: dict, r: int, val_loader) -> LMModule:
+    """The pretrained model with LoRA adapters of rank r attached, base frozen; records in
+    config["finetune"] what was adapted, how much trains, and the zero-shot metrics."""
+    module = LMModule(config)
+    module.model.load_state_dict(state)
+    f = config["finetune"]
+    f["adapted"] = attach_lora(module.model, f["targets"], r, f["alpha"])
+    f["trainable_params"] = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    f["zero_shot"] = evaluate(module, val_loader)
+    return module
+
+
 def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
                      console: Console, resume: bool = False,
                      source: str | None = None) -> dict | None:
@@ -281,13 +307,7 @@ def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
 
     name, view = lora_name(variant, r), finetune_view(exp)
     vdir = Path(exp_dir) / name
-    base_ckpt = Path(exp_dir) / (source or variant) / "checkpoints" / "last.ckpt"
-    if not base_ckpt.is_file():
-        raise FileNotFoundError(f"fine-tune {name}: no pretrained checkpoint {base_ckpt} "
-                                f"(train variant {variant!r} first)")
-    if vdir.exists() and not resume:
-        raise FileExistsError(f"fine-tune directory {vdir} already exists; pass --resume to "
-                              "continue it or --overwrite to redo the run")
+    base_ckpt = base_checkpoint(exp_dir, name, variant, source, resume)
     base, state, base_step = load_base(base_ckpt)
     config = finetune_config(exp, variant, r, base, base_ckpt, base_step)
     if resume:  # first: a finished fine-tune of another config is not this one's result
@@ -301,15 +321,9 @@ def finetune_variant(exp: Experiment, variant: str, r: int, exp_dir: Path,
                                             view.data.val_size, view.data.batch_size,
                                             seed=config["seed"])
     probe_batch = val_loader.dataset.tensors[0][:exp.monitor.probe_size]  # [P, T], fixed
-    module = LMModule(config)
-    module.model.load_state_dict(state)
-    f = config["finetune"]
-    f["adapted"] = attach_lora(module.model, f["targets"], r, f["alpha"])
-    f["trainable_params"] = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    f["zero_shot"] = evaluate(module, val_loader)
-    params = module.model.param_count()
-    zero = is_global_zero()
-    if zero:
+    module = adapted_module(config, state, r, val_loader)
+    params, f = module.model.param_count(), config["finetune"]
+    if is_global_zero():
         vdir.mkdir(parents=True, exist_ok=True)
         _write_yaml(vdir / "config.yaml", {**config, "params": params})
 

@@ -317,15 +317,7 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     if not is_global_zero():
         # a rank that a launcher re-ran (e.g. Lightning's ddp): rank zero prepared the run
         # directory already; train alongside it, silently, and write nothing of our own
-        quiet = Console(stderr=True, quiet=True)
-        for variant in exp.variants:  # as rank zero runs them, or the ranks fall out of step
-            if exp.sweep is not None:
-                train_sweep_run(exp, variant, exp_dir, resume, quiet)
-            else:
-                train_variant(exp, variant, exp_dir, resume, quiet)
-        if exp.finetune is not None:
-            from .finetune import finetune_experiment
-            finetune_experiment(exp, exp_dir, resume, quiet)
+        train_all(exp, exp_dir, resume, Console(stderr=True, quiet=True))
         return None
     console = console or Console(stderr=True)
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
@@ -333,7 +325,15 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
         check_resume(exp_dir, exp)  # before anything in the directory is rewritten
     exp_dir.mkdir(parents=True, exist_ok=True)
     _write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
+    entries, summary = train_all(exp, exp_dir, resume, console)
+    return write_reports(exp, exp_dir, entries, summary, console)
 
+
+def train_all(exp: Experiment, exp_dir: Path, resume: bool,
+              console: Console) -> tuple[dict[str, dict], dict | None]:
+    """Every variant (or sweep run), then the fine-tune stage: the report entries by name
+    and the sweep summary (None without a sweep). Every rank runs the same sequence of
+    fits, or a distributed run falls out of step; only rank zero gets entries back."""
     entries = {}
     for i, variant in enumerate(exp.variants, 1):
         console.rule(f"variant {i}/{len(exp.variants)}: {variant}")
@@ -341,15 +341,22 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
             else train_variant(exp, variant, exp_dir, resume, console)
         if entry is not None:
             entries[variant] = entry
-    if not entries:
+    zero = is_global_zero()
+    if zero and not entries:
         raise NonFiniteLoss(f"every run of the sweep diverged; see {exp_dir}/*/{DIVERGED_FILE}")
     summary = None
-    if exp.sweep is not None:  # its grid points only: fine-tunes are not part of it
+    if zero and exp.sweep is not None:  # its grid points only: fine-tunes are not part of it
         summary = summarize(exp, budgets.build_report(entries, experiment=exp.name))
     if exp.finetune is not None:  # the LoRA stage (train/finetune.py), after pretraining
         from .finetune import finetune_experiment
         sources = best_runs(summary) if summary is not None else None
         entries.update(finetune_experiment(exp, exp_dir, resume, console, sources))
+    return entries, summary
+
+
+def write_reports(exp: Experiment, exp_dir: Path, entries: dict[str, dict],
+                  summary: dict | None, console: Console) -> dict:
+    """report.md (with the sweep's table), sweep.json; returns the combined report."""
     report = budgets.build_report(entries, experiment=exp.name)
     (exp_dir / "report.md").write_text(report_markdown(report))
     if summary is not None:
