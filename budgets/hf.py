@@ -39,7 +39,13 @@ from torch import nn
 from .adapters import lowrank_singular_values
 from .budget import RankBudget
 from .metrics import _check_eps
-from .probes import _measure, final_hidden_metrics, measure_mixing, summarize_spectrum
+from .probes import (
+    _measure,
+    add_adapters,
+    final_hidden_metrics,
+    measure_mixing,
+    summarize_spectrum,
+)
 from .report import build_report
 
 INSTALL_HINT = "pip install 'rankzoo[hf]'"
@@ -221,6 +227,32 @@ def load_model(path) -> tuple[nn.Module, object | None]:
     return model.float().eval(), tokenizer
 
 
+def adapter_dir(adapter) -> Path:
+    """`adapter` as a Path, checked to hold a saved PEFT adapter."""
+    adapter = Path(adapter)
+    if not (adapter / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"--adapter {adapter}: no adapter_config.json there (a "
+                                "directory written by a PEFT model's save_pretrained)")
+    return adapter
+
+
+def load_adapter(model: nn.Module, adapter) -> nn.Module:
+    """The model with a PEFT LoRA adapter saved in `adapter` applied (layers wrapped in
+    place; the returned module is the transformers model, so everything else reads it as
+    before). The adapter's ranks go on the report's adapter axis."""
+    adapter = adapter_dir(adapter)
+    try:
+        import peft
+    except ImportError:
+        raise ValueError("--adapter needs PEFT: pip install 'rankzoo[peft]'") from None
+    try:
+        wrapped = peft.PeftModel.from_pretrained(model, adapter, is_trainable=False)
+    except Exception as e:  # as for the model: any failure means it does not load here
+        raise ValueError(f"--adapter {adapter}: the adapter does not load onto the model "
+                         f"({type(e).__name__}: {e})") from None
+    return wrapped.get_base_model().float().eval()
+
+
 def _load_tokenizer(transformers, path: Path):
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         return None
@@ -370,6 +402,9 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1,
                 attention, out["attentions"], inputs, _kv_pairs(out), strict=False)):
             params = sum(p.numel() for p in module.parameters())
             layer = _layer_entry(i, names[module], g, config, w, params, P, x, kv, eps)
+            # LoRA pairs anywhere in the decoder layer (attention or MLP), if an adapter
+            # was loaded; rows are named relative to the layer (self_attn.q_proj, ...)
+            add_adapters(layer, model.get_submodule(names[module].rpartition(".")[0]), eps)
             if not with_spectra:
                 del layer["spectra"]
             layers.append(layer)
@@ -385,11 +420,16 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1,
 # ---------------------------------------------------------------- the report
 
 def probe_hf(path, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
-             with_spectra: bool = False) -> tuple[str, dict]:
-    """(variant name, build_report entry) of the model saved in `path`, probed on `text`."""
+             with_spectra: bool = False, adapter=None) -> tuple[str, dict]:
+    """(variant name, build_report entry) of the model saved in `path` (with the PEFT
+    adapter saved in `adapter` applied, if given), probed on `text`."""
     path = Path(path)
     data = read_text(text)  # cheap checks first: a bad --text costs no model load
+    if adapter is not None:
+        adapter = adapter_dir(adapter)  # a bad --adapter costs no model load either
     model, tokenizer = load_model(path)
+    if adapter is not None:
+        model = load_adapter(model, adapter)
     g = Geometry.from_config(model.config)
     check_seq_len(seq_len, g)
     ids = token_ids(data, tokenizer, int(model.config.vocab_size), str(text))
@@ -397,7 +437,8 @@ def probe_hf(path, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0
     probe, loss = probe_hf_model(model, batch, eps, with_spectra)
     source = {"hf": str(path), "model_type": g.model_type, "text": str(text),
               "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
-              "probe_size": probe_size, "seq_len": seq_len}
+              "probe_size": probe_size, "seq_len": seq_len,
+              **({"adapter": str(adapter)} if adapter is not None else {})}
     entry = {"probe": probe, "step": 0, "params": sum(p.numel() for p in model.parameters()),
              "metrics": {"probe/loss": loss}, "source": source}
     return path.resolve().name or g.model_type, entry
@@ -417,9 +458,10 @@ def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
 
 
 def hf_report(path, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
-              thresholds=None) -> dict:
-    """The rank-budget report (schema rankzoo.report) of a saved HF causal LM on a text."""
-    name, entry = probe_hf(path, text, seq_len, probe_size, eps)
+              thresholds=None, adapter=None) -> dict:
+    """The rank-budget report (schema rankzoo.report) of a saved HF causal LM on a text,
+    with a PEFT LoRA adapter applied if `adapter` names one."""
+    name, entry = probe_hf(path, text, seq_len, probe_size, eps, adapter=adapter)
     return build_hf_report(name, entry, thresholds)
 
 

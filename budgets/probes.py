@@ -152,16 +152,22 @@ def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
         "quantities": {q: m for q, (m, _) in measured.items()},
         "spectra": {q: s for q, (_, s) in measured.items()},
     }
-    adapters = adapter_ranks(block, eps)  # LoRA pairs on the block's projections, if any
-    if adapters:
-        # The block declares no adapter (its config knows none); the pairs attached to it
-        # do: the adapter cap is the sum of their r (each row is capped by its own r).
-        layer["budget"]["adapter"] = max(layer["budget"].get("adapter", 0),
-                                         sum(a["declared"] for a in adapters))
-        layer["adapters"] = [{k: v for k, v in a.items() if k != "spectrum"} for a in adapters]
-        layer["spectra"].update({f"adapter.{a['module']}.{a['adapter']}":
-                                 torch.tensor([a["spectrum"]]) for a in adapters})
+    add_adapters(layer, block, eps)  # LoRA pairs on the block's projections, if any
     return layer
+
+
+def add_adapters(layer: dict, module: nn.Module, eps: float) -> None:
+    """Account the LoRA pairs found in `module` on a layer entry (probe format): one row
+    each, capped by its own r, and the layer's adapter cap the sum of them (a block's
+    config knows no adapters; the pairs attached to it declare them)."""
+    adapters = adapter_ranks(module, eps)
+    if not adapters:
+        return
+    layer["budget"]["adapter"] = max(layer["budget"].get("adapter", 0),
+                                     sum(a["declared"] for a in adapters))
+    layer["adapters"] = [{k: v for k, v in a.items() if k != "spectrum"} for a in adapters]
+    layer["spectra"].update({f"adapter.{a['module']}.{a['adapter']}":
+                             torch.tensor([a["spectrum"]]) for a in adapters})
 
 
 def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = False) -> dict:

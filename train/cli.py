@@ -70,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --hf: tokens per probe sequence (128)")
     r.add_argument("--probe-size", type=_positive_int, default=4,
                    help="with --hf: sequences in the probe batch (4)")
+    r.add_argument("--adapter", metavar="DIR",
+                   help="with --hf: a PEFT LoRA adapter (save_pretrained directory) applied "
+                        "to the model; its ranks fill the adapter axis")
     r.add_argument("--format", choices=("table", "md", "json"), default="table")
     r.add_argument("--plot", metavar="DIR",
                    help="also write PNG figures into DIR (a new or empty directory)")
@@ -96,8 +99,9 @@ def _check_report_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
                 + (f", got both ({args.run_dir!r} and --hf {args.hf!r})" if args.hf else ""))
     if args.hf is not None and args.text is None:
         p.error(f"--hf {args.hf} needs --text FILE (the text the probe batch is cut from)")
-    if args.hf is None and args.text is not None:
-        p.error(f"--text {args.text} only applies with --hf PATH")
+    for option in ("text", "adapter"):
+        if args.hf is None and getattr(args, option) is not None:
+            p.error(f"--{option} {getattr(args, option)} only applies with --hf PATH")
 
 
 # ---------------------------------------------------------------- blocks
@@ -254,7 +258,8 @@ def _report_hf(args, out: Console) -> int:
 
         prepare_dir(args.plot)  # refuse a non-empty --plot DIR before the slow part
     name, entry = probe_hf(args.hf, args.text, seq_len=args.seq_len,
-                           probe_size=args.probe_size, with_spectra=bool(args.plot))
+                           probe_size=args.probe_size, with_spectra=bool(args.plot),
+                           adapter=args.adapter)
     report = build_hf_report(name, entry)
     if args.plot:
         _plot_hf(name, entry, report, args.plot)

@@ -263,8 +263,59 @@ def test_missing_transformers_names_the_extra(monkeypatch):
     ["report", "runs/x", "--hf", "m", "--text", "t"],  # both
     ["report", "--hf", "m"],                      # --hf without --text
     ["report", "runs/x", "--text", "t"],          # --text without --hf
+    ["report", "runs/x", "--adapter", "a"],       # --adapter without --hf
 ])
 def test_report_needs_exactly_one_source(capsys, argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "rankzoo: error:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a PEFT adapter on top
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory, llama_dir):
+    """A PEFT LoRA adapter for the tiny Llama: r 4 on q_proj, r 2 on v_proj and up_proj
+    (rank_pattern), B random (PEFT starts it at zero, which would realize nothing)."""
+    peft = pytest.importorskip("peft", reason="--adapter needs PEFT (pip install peft)")
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, local_files_only=True)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                             rank_pattern={"v_proj": 2, "up_proj": 2})
+    wrapped = peft.get_peft_model(model, config)
+    torch.manual_seed(2)
+    for name, p in wrapped.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)
+    path = tmp_path_factory.mktemp("adapter") / "lora"
+    wrapped.save_pretrained(path)
+    return path, {n: p.detach().clone() for n, p in wrapped.named_parameters() if "lora_" in n}
+
+
+def test_a_peft_adapter_fills_the_adapter_axis(capsys, llama_dir, text_file, adapter_dir):
+    path, saved = adapter_dir
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--adapter", path, "--text", text_file,
+                          "--seq-len", T, "--probe-size", P, "--format", "json")
+    assert code == 0, err
+    (variant,) = json.loads(out)["variants"]
+    assert json.loads(out)["source"]["adapter"] == str(path)
+    plain = hf_report(llama_dir, text_file, seq_len=T, probe_size=P)["variants"][0]
+    assert variant["metrics"]["probe/loss"] != plain["metrics"]["probe/loss"]  # it acts
+    assert variant["budget_total"] == plain["budget_total"] + 2 * (4 + 2 + 2)
+    for i, layer in enumerate(variant["layers"]):
+        rows = {a["quantity"]: a for a in layer["axes"] if a["axis"] == "adapter"}
+        assert {q: a["declared"] for q, a in rows.items()} == {
+            "adapter.self_attn.q_proj.default": 4, "adapter.self_attn.v_proj.default": 2,
+            "adapter.mlp.up_proj.default": 2}
+        A = saved[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.default.weight"]
+        B = saved[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.default.weight"]
+        s = torch.linalg.svdvals(2.0 * B.double() @ A.double())[:4]  # scaling = 8 / 4
+        want = budgets.spectrum_metrics(s, (D, D), 0.1)["rank_eps"]
+        assert rows["adapter.self_attn.q_proj.default"]["realized_mean"] == float(want)
+
+
+def test_a_bad_adapter_is_named(capsys, tmp_path, llama_dir, text_file):
+    code, _, err = _cli(capsys, "--hf", llama_dir, "--adapter", tmp_path, "--text", text_file)
+    assert code == 2 and f"--adapter {tmp_path}: no adapter_config.json" in err
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA", "r": "x"}')
+    code, _, err = _cli(capsys, "--hf", llama_dir, "--adapter", tmp_path, "--text", text_file)
+    assert code == 2 and f"--adapter {tmp_path}: the adapter does not load" in err
