@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,7 +247,9 @@ def load_adapter(model: nn.Module, adapter) -> nn.Module:
     except ImportError:
         raise ValueError("--adapter needs PEFT: pip install 'rankzoo[peft]'") from None
     try:
-        wrapped = peft.PeftModel.from_pretrained(model, adapter, is_trainable=False)
+        with warnings.catch_warnings():  # library deprecation chatter, not the user's concern
+            warnings.simplefilter("ignore", FutureWarning)
+            wrapped = peft.PeftModel.from_pretrained(model, adapter, is_trainable=False)
     except Exception as e:  # as for the model: any failure means it does not load here
         raise ValueError(f"--adapter {adapter}: the adapter does not load onto the model "
                          f"({type(e).__name__}: {e})") from None
