@@ -5,7 +5,7 @@ budgets knows nothing of zoo or Lightning: the probes read any model whose block
 """
 
 from .adapters import adapter_ranks, lowrank_singular_values
-from .budget import AXES, AXIS_OF_QUANTITY, RankBudget
+from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
 from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
 from .probes import is_probeable, probe_model, probeable_blocks
 from .report import (
@@ -28,6 +28,7 @@ __all__ = [
     "VERDICTS",
     "VerdictThresholds",
     "annotate",
+    "attention_budget",
     "adapter_ranks",
     "build_report",
     "is_probeable",

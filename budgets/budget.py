@@ -79,3 +79,27 @@ class RankBudget:
         if unknown:
             raise ValueError(f"unknown RankBudget keys {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def attention_budget(block: str, seq_len: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                     d_model: int, window: int | None = None, params: int = 0) -> RankBudget:
+    """The caps of one softmax-attention layer (MHA, GQA, MQA; full or sliding window W,
+    keys including the query), from its shape alone: zoo's softmax and sliding_window
+    blocks and the Hugging Face probe all declare through this one formula."""
+    H, G, K, D, T = n_heads, n_kv_heads, head_dim, d_model, seq_len
+    span = T if window is None else min(window, T)  # keys a query can see, at most
+    # keys seen per query, summed over the sequence: t + 1 up to the span, then the span
+    keys_seen = span * (span + 1) // 2 + (T - span) * span
+    return RankBudget(
+        block=block, seq_len=T, n_heads=H,
+        # exp(QK^T) has an unbounded kernel: only the block size caps it; a band of W keys
+        # leaves a (W-1) x (W-1) corner in M[t:, :t]
+        mixing=T // 2 if window is None else min(window - 1, T // 2),
+        logits=K,
+        value_path=min(D, G * K),
+        inference=min(span, G * K),  # the live keys: all of them, or the window's W
+        params=params,
+        cache_elements=2 * span * G * K,
+        # projections, plus QK^T and PV over the keys each query sees
+        flops_per_token=2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * keys_seen // T,
+    )

@@ -22,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 import zoo
-from zoo.config import StrictConfig, unknown_key_error
+from zoo.config import StrictConfig, is_instance, unknown_key_error
 
 from .data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
 from .model import NORMS
@@ -58,35 +57,6 @@ def yaml_load(text: str) -> Any:
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-_UnionType = type(int | None)
-
-
-def _check_types(cfg: StrictConfig, section: str) -> None:
-    """Check each field against its annotation (int, float, bool, str, X | None)."""
-    hints = typing.get_type_hints(type(cfg))
-    for f in fields(cfg):
-        value, hint = getattr(cfg, f.name), hints[f.name]
-        allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
-                                                                       _UnionType) else (hint,)
-        if any(_is_instance(value, t) for t in allowed):
-            continue
-        names = " or ".join("null" if t is type(None) else getattr(t, "__name__", str(t))
-                            for t in allowed)
-        raise ValueError(f"{section}.{f.name} must be {names}, got {value!r}")
-
-
-def _is_instance(value: Any, t: Any) -> bool:
-    if t is type(None):
-        return value is None
-    if t is bool:
-        return isinstance(value, bool)
-    if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    origin = typing.get_origin(t) or t
-    return isinstance(value, origin)
-
 
 def _positive(section: str, **values: Any) -> None:
     for name, value in values.items():
@@ -109,6 +79,8 @@ DEFAULT_VOCAB = {"mqar": 128, "markov": 64, "text": BYTE_VOCAB}
 
 @dataclass(frozen=True)
 class DataConfig(StrictConfig):
+    owner: ClassVar[str] = 'data'
+
     task: str = "mqar"
     vocab_size: int | None = None  # mqar 128, markov 64; text is bytes (256, not settable)
     seq_len: int = 64
@@ -128,7 +100,6 @@ class DataConfig(StrictConfig):
     pattern: str = "*"  # text: files taken from a named directory
 
     def validate(self) -> None:
-        _check_types(self, "data")
         if self.task not in TASKS:
             raise ValueError(f"data.task must be one of {list(TASKS)}, got {self.task!r}")
         if self.vocab_size is None:  # frozen: the task's default is resolved once, here
@@ -198,18 +169,21 @@ class MatchConfig(StrictConfig):
     data.seq_len match; the matched value overrides one written in the variant.
     params: then size each variant's MLP so its total parameter count matches."""
 
+    owner: ClassVar[str] = 'match'
+
     params: bool = False
     state: bool = False
     tolerance: float = 0.05
 
     def validate(self) -> None:
-        _check_types(self, "match")
         if not 0 < self.tolerance < 1:
             raise ValueError(f"match.tolerance must be in (0, 1), got {self.tolerance!r}")
 
 
 @dataclass(frozen=True)
 class ModelConfig(StrictConfig):
+    owner: ClassVar[str] = 'model'
+
     d_model: int = 64
     n_layers: int = 2
     mlp_ratio: float = 4.0
@@ -218,7 +192,6 @@ class ModelConfig(StrictConfig):
     tie_embeddings: bool = False
 
     def validate(self) -> None:
-        _check_types(self, "model")
         _positive("model", d_model=self.d_model, n_layers=self.n_layers,
                   mlp_ratio=self.mlp_ratio, d_mlp=self.d_mlp)
         if self.norm not in NORMS:
@@ -227,6 +200,8 @@ class ModelConfig(StrictConfig):
 
 @dataclass(frozen=True)
 class TrainConfig(StrictConfig):
+    owner: ClassVar[str] = 'train'
+
     max_steps: int = 600
     optimizer: str = "adamw"  # adamw | muon (hidden matrices; AdamW on the rest) | lion
     lr: float = 3e-3
@@ -245,7 +220,6 @@ class TrainConfig(StrictConfig):
     checkpoint_every_n_steps: int = 100
 
     def validate(self) -> None:
-        _check_types(self, "train")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"train.optimizer must be one of {list(OPTIMIZERS)}, "
                              f"got {self.optimizer!r}")
@@ -266,13 +240,14 @@ class TrainConfig(StrictConfig):
 
 @dataclass(frozen=True)
 class MonitorConfig(StrictConfig):
+    owner: ClassVar[str] = 'monitor'
+
     every_n_steps: int = 100
     eps: float = 0.1
     probe_size: int = 8  # validation examples in the fixed probe batch
     histograms: bool = True
 
     def validate(self) -> None:
-        _check_types(self, "monitor")
         _positive("monitor", every_n_steps=self.every_n_steps, probe_size=self.probe_size)
         if not 0 < self.eps < 1:
             raise ValueError(f"monitor.eps must be in (0, 1), got {self.eps}")
@@ -290,13 +265,14 @@ class SweepConfig(StrictConfig):
     and optimizer is the one with the best `select` averaged over seeds, as Zoology picks
     it; a run whose loss diverges counts as the worst."""
 
+    owner: ClassVar[str] = 'sweep'
+
     optimizer: list | None = None
     lr: list | None = None
     seed: list | None = None
     select: str = "val/loss"  # val/loss (lower is better) or val/accuracy (higher)
 
     def validate(self) -> None:
-        _check_types(self, "sweep")
         if self.select not in SELECT_MODES:
             raise ValueError(f"sweep.select must be one of {list(SELECT_MODES)}, "
                              f"got {self.select!r}")
@@ -324,9 +300,9 @@ class SweepConfig(StrictConfig):
 def _check_sweep_value(axis: str, value: Any) -> None:
     if axis == "optimizer" and value not in OPTIMIZERS:
         raise ValueError(f"sweep.optimizer values must be in {list(OPTIMIZERS)}, got {value!r}")
-    if axis == "lr" and not (_is_instance(value, float) and value > 0):
+    if axis == "lr" and not (is_instance(value, float) and value > 0):
         raise ValueError(f"sweep.lr values must be numbers > 0, got {value!r}")
-    if axis == "seed" and not (_is_instance(value, int) and value >= 0):
+    if axis == "seed" and not (is_instance(value, int) and value >= 0):
         raise ValueError(f"sweep.seed values must be non-negative ints, got {value!r}")
 
 

@@ -24,7 +24,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -64,6 +64,8 @@ def _names(value: Any) -> bool:
 class FinetuneConfig(StrictConfig):
     """The `finetune` section; built by parse_finetune, which also checks it against the
     experiment (variants, vocabulary, targets)."""
+
+    owner: ClassVar[str] = 'finetune'
 
     data: DataConfig
     from_variants: list | None = None  # None: every variant

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,8 @@ def taylor_dim(k: int) -> int:
 
 @dataclass(frozen=True)
 class LinearConfig(StrictConfig):
+    owner: ClassVar[str] = 'linear'
+
     d_model: int
     n_heads: int
     feature_map: str = "elu+1"

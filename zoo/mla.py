@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,8 @@ from .rope import apply_rope
 
 @dataclass(frozen=True)
 class MLAConfig(StrictConfig):
+    owner: ClassVar[str] = 'mla'
+
     d_model: int
     n_heads: int
     kv_lora_rank: int | None = None  # R; None: d_model // 2

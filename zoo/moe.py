@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -52,6 +53,8 @@ from .softmax import KVCache
 
 @dataclass(frozen=True)
 class MoEConfig(StrictConfig):
+    owner: ClassVar[str] = 'moe'
+
     d_model: int
     n_heads: int  # E: expert heads
     top_k: int = 2  # k: heads each token uses

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,8 @@ def _positive_number(owner: str, **values) -> None:
 
 @dataclass(frozen=True)
 class SSMConfig(StrictConfig):
+    owner: ClassVar[str] = 'ssm'
+
     d_model: int
     n_heads: int  # H; the head dim P is expand * d_model / n_heads
     d_state: int = 16  # N

@@ -192,7 +192,7 @@ def test_declared_caps_hold_and_the_cache_is_bounded_by_w(T):
 @pytest.mark.parametrize("kwargs, message", [
     ({"window": 0}, r"window \(W, keys including the query itself\) must be an int >= 1, got 0"),
     ({"window": -3}, r"must be an int >= 1, got -3"),
-    ({"window": 2.5}, r"must be an int >= 1, got 2.5"),
+    ({"window": 2.5}, r"sliding_window.window must be int, got 2.5"),
     ({"d_model": 30}, r"n_heads \(4\) must divide d_model \(30\)"),
     ({"n_heads": 0}, r"sliding_window.n_heads must be a positive int, got 0"),
     ({"window": 4, "n_kv_heads": 3}, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
