@@ -1,22 +1,17 @@
 """Rank-budget accounting: declared budgets, effective-rank metrics, probes and reports.
 
 budgets knows nothing of zoo or Lightning: the probes read any model whose blocks offer
-`budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`.
+`budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`
+(budgets.hf probes a loaded Hugging Face model the same way). budgets measures and
+returns data; loading files and rendering tables are the CLI's (train/hf_io.py,
+train/render.py).
 """
 
 from .adapters import adapter_ranks, lowrank_singular_values
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
 from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
 from .probes import is_probeable, probe_model, probeable_blocks
-from .report import (
-    REPORT_SCHEMA_VERSION,
-    build_report,
-    load_report,
-    render_advice,
-    render_table,
-    to_json,
-    to_markdown,
-)
+from .report import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
 from .verdicts import VERDICTS, VerdictThresholds, annotate
 
 __all__ = [
@@ -37,10 +32,7 @@ __all__ = [
     "probe_model",
     "probeable_blocks",
     "rank_metrics",
-    "render_advice",
-    "render_table",
     "singular_values",
     "spectrum_metrics",
     "to_json",
-    "to_markdown",
 ]

@@ -6,7 +6,7 @@
 dW = scale * B @ A is d x k but has rank <= r. With B = Q_B R_B and A^T = Q_A R_A (reduced
 QR), dW = Q_B (scale R_B R_A^T) Q_A^T and Q_B, Q_A have orthonormal columns, so the singular
 values of dW are those of the r x r core: O((d + k) r^2) instead of a dense d x k SVD
-(notes/rank-science.md, section 4).
+(docs/METRICS.md).
 
 Adapters are found by duck typing (budgets knows nothing of peft): a module with `lora_A`
 and `lora_B` that are either
@@ -19,20 +19,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .metrics import _as_matrices, _check_eps, spectrum_metrics
+from .metrics import as_matrices, check_eps, spectrum_metrics
+from .spectra import product_spectrum
 
 
 def lowrank_singular_values(B, A, scale: float = 1.0) -> torch.Tensor:
     """Singular values [..., r] (descending) of scale * B @ A, never forming B @ A."""
-    B, A = _as_matrices(B), _as_matrices(A)
+    B, A = as_matrices(B), as_matrices(A)
     if B.shape[-1] != A.shape[-2]:
         raise ValueError(f"B {tuple(B.shape)} and A {tuple(A.shape)} do not chain: "
                          f"B's last dim must equal A's second-to-last")
-    dtype = torch.promote_types(B.dtype, A.dtype)
-    _, RB = torch.linalg.qr(B.to(dtype))                  # [..., min(d, r), r]
-    _, RA = torch.linalg.qr(A.to(dtype).transpose(-1, -2))  # [..., min(k, r), r]
-    core = float(scale) * RB @ RA.transpose(-1, -2)       # small: at most r x r
-    return torch.linalg.svdvals(core)
+    return product_spectrum(B, A.mT, scale)  # the r x r core of their QR factors
 
 
 def _weight(m) -> torch.Tensor:
@@ -62,7 +59,7 @@ def adapter_ranks(model: nn.Module, eps: float = 0.1) -> list[dict]:
     Each row: {"module", "adapter", "declared" (r), "shape" [d, k], "scale",
     "metrics": {metric: float}, "spectrum": [float]}; empty when no adapters are attached.
     """
-    _check_eps(eps)
+    check_eps(eps)
     rows = []
     for mname, module in model.named_modules():
         if not is_adapted(module):

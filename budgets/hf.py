@@ -1,321 +1,78 @@
-"""Rank-budget reports on Hugging Face causal LMs saved in a local directory.
+"""Rank-budget probes of Hugging Face causal LMs: a loaded model, token ids in, a probe out.
 
-    report = hf_report("models/tiny-llama", "corpus.txt", seq_len=128, probe_size=4)
-    rich.print(budgets.render_table(report))         # the report machinery, unchanged
+    probe, loss = probe_hf_model(model, ids)       # ids: [B, T] token ids
+    report = build_hf_report(name, entry)         # entry: {"probe", "step", "params", ...}
 
-The model is loaded offline (local_files_only, HF_HUB_OFFLINE) with the eager attention
-path, the only one that returns the softmax probabilities. One forward pass over a probe
-batch [B, T] of the text gives, per layer, what a zoo block's probe methods give:
+One forward pass over the probe batch [B, T] gives, per layer, what a zoo block's probe
+methods give:
 
-  attentions      [B, H, T, T]   -> mixing, mixing_centered, past_future   (per head)
+  attention       softmax(q k^T) -> mixing, mixing_centered, past_future   (per head)
   attention input [B, T, D]      -> hidden_centered  (what the layer's attention reads)
-  cache k, v      [B, G, T, K]   -> inference.k, inference.v  (joint over KV heads, [B, T, G*K])
+  keys, values    [B, G, T, K]   -> inference.k, inference.v  (joint over KV heads, [B, T, G*K])
   weights         W_Q^h W_K^h^T [D, D] per head -> qk; W_V^T [D, G*V] -> value; W_O -> out
 
-against caps declared from the config alone (n_heads, head_dim, n_kv_heads, hidden size,
-seq len), exactly as zoo's softmax block declares them. The entries have probe_model's
-format, so build_report, render_table, to_json, verdicts and advice work unchanged.
+against caps declared from the config alone (budgets/hf_layouts.py), exactly as zoo's
+softmax block declares them. The entries have probe_model's format, so build_report,
+to_json, verdicts and advice work unchanged. Loading a model and cutting the probe batch
+from a text are the caller's business (train/hf_io.py); tensors are measured on the
+device they are on.
 
-Architectures differ only in where the projections live: LAYOUT_OF maps a config's
-model_type to a layout, EXTRACTORS maps a layout to a function returning each layer's
-projections in nn.Linear's (out, in) convention. transformers is imported lazily.
+Two paths, chosen by the probe length T as probe_model chooses them:
+
+- exact (T < matfree_from): the eager attention path returns every layer's probabilities
+  [B, H, T, T] (output_attentions) and each is decomposed. The model must run 'eager'.
+- matrix-free (T >= matfree_from): no [T, T] tensor is formed. For the forward pass the
+  model's attention implementation is switched to one registered in transformers'
+  AttentionInterface, which receives each layer's rotated queries [B, H, T, K] and keys
+  [B, G, T, K] with its scaling, sliding window and logit soft-cap, measures the layer
+  there (budgets.matfree) and returns SDPA's output, so memory stays flat in the number
+  of layers and the forward continues unchanged. The implementation is restored after.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import sys
-import warnings
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
-from rich import box
-from rich.table import Table
 from torch import nn
 
 from .adapters import lowrank_singular_values
-from .budget import RankBudget
-from .metrics import _check_eps
+from .hf_layouts import EXTRACTORS, AttnWeights, Geometry, declared_budget, layout_of, window_of
+from .matfree import AttentionMixing
+from .metrics import check_eps
 from .probes import (
-    _measure,
+    MATFREE_FROM,
     add_adapters,
     final_hidden_metrics,
+    measure,
     measure_mixing,
+    measure_mixing_matfree,
     summarize_spectrum,
 )
 from .report import build_report
 
-INSTALL_HINT = "pip install 'rankzoo[hf]'"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
-
-
-# ---------------------------------------------------------------- layouts
-
-@dataclass(frozen=True)
-class AttnWeights:
-    """One layer's attention projections, each [out, in] like nn.Linear.weight."""
-
-    wq: torch.Tensor  # [H*K, D]
-    wk: torch.Tensor  # [G*K, D]
-    wv: torch.Tensor  # [G*V, D]
-    wo: torch.Tensor  # [D, H*V]
-
-
-def _llama_weights(model) -> list[tuple[nn.Module, AttnWeights]]:
-    # Llama, Mistral, Qwen2: separate q/k/v/o Linear layers; GQA via fewer k/v rows.
-    return [(a, AttnWeights(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight))
-            for a in (layer.self_attn for layer in model.base_model.layers)]
-
-
-def _gpt2_weights(model) -> list[tuple[nn.Module, AttnWeights]]:
-    # GPT-2's Conv1D stores its weight as [in, out]; c_attn fuses q, k and v along out.
-    out = []
-    for a in (block.attn for block in model.base_model.h):
-        wq, wk, wv = a.c_attn.weight.T.chunk(3, dim=0)  # each [D, D]
-        out.append((a, AttnWeights(wq, wk, wv, a.c_proj.weight.T)))  # wo: [D, H*V]
-    return out
-
-
-# layout -> (attention module, its projections) per layer, in layer order
-EXTRACTORS: dict[str, Callable[[nn.Module], list[tuple[nn.Module, AttnWeights]]]] = {
-    "llama": _llama_weights,
-    "gpt2": _gpt2_weights,
-}
-# model types with Llama's layout (their extras, e.g. Qwen3's q/k norms or Gemma 2's logit
-# soft-capping, shape the attention probabilities, which are measured as the model made them)
-LAYOUT_OF = {**dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
-                              "gemma", "gemma2", "olmo2", "granite"), "llama"),
-             "gpt2": "gpt2"}
-
-
-def layout_of(model_type: str, where: Path | str = "") -> str:
-    if model_type not in LAYOUT_OF:
-        raise ValueError(f"{where}: model_type {model_type!r} is not supported; supported: "
-                         f"{', '.join(sorted(LAYOUT_OF))}")
-    return LAYOUT_OF[model_type]
+# the name the matrix-free probe registers its attention function under in transformers
+MATFREE_ATTENTION = "rankzoo_matfree"
 
 
 @dataclass(frozen=True)
-class Geometry:
-    """The attention shape of a config: the letters of DESIGN.md."""
+class ProbeProgress:
+    """Where a probe stands, given to its `progress` callback after each measured layer."""
 
-    model_type: str
-    n_layers: int  # L
-    n_heads: int  # H
-    n_kv_heads: int  # G
-    head_dim: int  # K (= V for every supported layout)
-    d_model: int  # D
-    max_len: int | None  # the longest sequence the position embedding covers
+    layer: int  # the layer just measured (index into the model's layers)
+    done: int  # layers measured so far
+    total: int  # layers this probe measures
+    elapsed: float  # seconds since the probe started (the forward pass included)
 
-    @classmethod
-    def from_config(cls, config) -> Geometry:
-        # GPT2Config maps these standard names onto n_head, n_embd, n_layer, n_positions.
-        H, D = int(config.num_attention_heads), int(config.hidden_size)
-        return cls(model_type=config.model_type, n_layers=int(config.num_hidden_layers),
-                   n_heads=H, n_kv_heads=int(getattr(config, "num_key_value_heads", None) or H),
-                   head_dim=int(getattr(config, "head_dim", None) or D // H), d_model=D,
-                   max_len=getattr(config, "max_position_embeddings", None))
+    @property
+    def eta(self) -> float:
+        """Seconds left, at the mean pace so far."""
+        return self.elapsed / self.done * (self.total - self.done)
 
-    def check(self, i: int, w: AttnWeights) -> None:
-        H, G, K, D = self.n_heads, self.n_kv_heads, self.head_dim, self.d_model
-        want = {"wq": (H * K, D), "wk": (G * K, D), "wv": (G * K, D), "wo": (D, H * K)}
-        for name, shape in want.items():
-            got = tuple(getattr(w, name).shape)
-            if got != shape:
-                raise ValueError(f"layer {i}: {name} has shape {got}, but the config "
-                                 f"(H={H}, G={G}, K={K}, D={D}) implies {shape}")
-
-
-def _window(config, i: int) -> int | None:
-    """Layer i's sliding window W (keys including the query), or None for full attention."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if types and i < len(types):  # transformers >= 4.53 names each layer's attention
-        return window if types[i] == "sliding_attention" else None
-    return window if getattr(config, "use_sliding_window", True) else None
-
-
-def declared_budget(g: Geometry, seq_len: int, window: int | None, params: int) -> RankBudget:
-    """The caps of one layer, as zoo's softmax / sliding_window blocks declare them."""
-    H, G, K, D, T = g.n_heads, g.n_kv_heads, g.head_dim, g.d_model, seq_len
-    span = T if window is None else min(window, T)  # keys a query can see, at most
-    return RankBudget(
-        block=g.model_type, seq_len=T, n_heads=H,
-        mixing=T // 2 if window is None else min(window - 1, T // 2),
-        logits=K,
-        value_path=min(D, G * K),
-        inference=min(span, G * K),
-        params=params,
-        cache_elements=2 * span * G * K,
-        flops_per_token=2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * (span + 1) // 2,
-    )
-
-
-# ---------------------------------------------------------------- loading
-
-def _transformers():
-    """Import transformers offline; a clear error naming the extra when it is missing."""
-    # Nothing is downloaded at run time: the hub client reads these when first imported.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    try:
-        import transformers
-    except ImportError as e:
-        raise ValueError(f"reading Hugging Face models needs transformers, which is not "
-                         f"installed ({e}): {INSTALL_HINT}") from None
-    return transformers
-
-
-class _Quiet:
-    """Silence transformers' progress bars and warnings, restoring them afterwards."""
-
-    def __init__(self, transformers):
-        self.log = transformers.utils.logging
-
-    def __enter__(self):
-        self.verbosity, self.bars = self.log.get_verbosity(), self.log.is_progress_bar_enabled()
-        self.log.set_verbosity_error()
-        self.log.disable_progress_bar()
-
-    def __exit__(self, *exc):
-        self.log.set_verbosity(self.verbosity)
-        if self.bars:
-            self.log.enable_progress_bar()
-
-
-def model_type_of(path: Path) -> str:
-    """model_type from PATH/config.json, checking the directory before transformers loads."""
-    if not path.exists():
-        raise FileNotFoundError(f"--hf {path}: model directory not found")
-    if not path.is_dir():
-        raise ValueError(f"--hf {path}: not a directory (expected one written by "
-                         f"save_pretrained)")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"--hf {path}: no config.json in it (expected a directory "
-                                f"written by save_pretrained)")
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config_file}: not a JSON document ({e})") from None
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise ValueError(f"{config_file}: no model_type in it")
-    return str(config["model_type"])
-
-
-def load_model(path) -> tuple[nn.Module, object | None]:
-    """(model in fp32 eval mode, tokenizer or None) from a save_pretrained directory."""
-    path = Path(path)
-    model_type = model_type_of(path)
-    layout_of(model_type, path)  # unsupported: fail before loading any weights
-    transformers = _transformers()
-    with _Quiet(transformers):
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, attn_implementation="eager")
-        # transformers raises OSError, ValueError, safetensors' own errors and more for
-        # corrupt or missing files: every one of them means "this directory does not load".
-        except Exception as e:
-            raise ValueError(f"--hf {path}: the {model_type} model does not load "
-                             f"({type(e).__name__}: {e})") from None
-        tokenizer = _load_tokenizer(transformers, path)
-    # fp32: bf16 singular values below ~1e-2 s_1 are noise (notes/rank-science.md).
-    return model.float().eval(), tokenizer
-
-
-def adapter_dir(adapter) -> Path:
-    """`adapter` as a Path, checked to hold a saved PEFT adapter."""
-    adapter = Path(adapter)
-    if not (adapter / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"--adapter {adapter}: no adapter_config.json there (a "
-                                "directory written by a PEFT model's save_pretrained)")
-    return adapter
-
-
-def load_adapter(model: nn.Module, adapter) -> nn.Module:
-    """The model with a PEFT LoRA adapter saved in `adapter` applied (layers wrapped in
-    place; the returned module is the transformers model, so everything else reads it as
-    before). The adapter's ranks go on the report's adapter axis."""
-    adapter = adapter_dir(adapter)
-    try:
-        import peft
-    except ImportError:
-        raise ValueError("--adapter needs PEFT: pip install 'rankzoo[peft]'") from None
-    try:
-        with warnings.catch_warnings():  # library deprecation chatter, not the user's concern
-            warnings.simplefilter("ignore", FutureWarning)
-            wrapped = peft.PeftModel.from_pretrained(model, adapter, is_trainable=False)
-    except Exception as e:  # as for the model: any failure means it does not load here
-        raise ValueError(f"--adapter {adapter}: the adapter does not load onto the model "
-                         f"({type(e).__name__}: {e})") from None
-    return wrapped.get_base_model().float().eval()
-
-
-def _load_tokenizer(transformers, path: Path):
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    try:
-        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # as above: any failure means the saved tokenizer is unusable
-        raise ValueError(f"--hf {path}: the tokenizer saved there does not load "
-                         f"({type(e).__name__}: {e})") from None
-
-
-# ---------------------------------------------------------------- the probe batch
-
-def read_text(text) -> bytes:
-    path = Path(text)
-    if not path.exists():
-        raise FileNotFoundError(f"--text {path}: file not found")
-    if not path.is_file():
-        raise ValueError(f"--text {path}: not a file")
-    data = path.read_bytes()
-    if not data.strip():
-        raise ValueError(f"--text {path}: the file is empty")
-    return data
-
-
-def token_ids(data: bytes, tokenizer, vocab_size: int, where: str = "") -> torch.Tensor:
-    """Token ids [N] of the text: the model's tokenizer, else bytes modulo the vocab size."""
-    if tokenizer is None:
-        _note(f"{where}: no tokenizer saved with the model; using raw bytes modulo the "
-              f"vocab size ({vocab_size}) as token ids")
-        return torch.tensor(list(data), dtype=torch.long) % vocab_size  # [N]
-    text = data.decode("utf-8", errors="replace")
-    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    if ids.numel() and int(ids.max()) >= vocab_size:
-        raise ValueError(f"{where}: the tokenizer gives id {int(ids.max())}, outside the "
-                         f"model's vocab of {vocab_size}")
-    return ids  # [N]
-
-
-def check_seq_len(seq_len: int, g: Geometry) -> None:
-    if g.max_len is not None and seq_len > g.max_len:
-        raise ValueError(f"--seq-len {seq_len} exceeds the {g.model_type} model's "
-                         f"max_position_embeddings ({g.max_len})")
-
-
-def probe_batch(ids: torch.Tensor, seq_len: int, probe_size: int, where: str = ""
-                ) -> torch.Tensor:
-    """The first probe_size * seq_len tokens as [B, T] (contiguous, non-overlapping)."""
-    need = probe_size * seq_len
-    if ids.numel() < need:
-        raise ValueError(f"--text {where}: too short for the probe batch: {ids.numel()} "
-                         f"tokens, but --probe-size {probe_size} x --seq-len {seq_len} "
-                         f"needs {need}")
-    return ids[:need].view(probe_size, seq_len)  # [B, T]
-
-
-def _note(message: str) -> None:
-    print(f"rankzoo: note: {message}", file=sys.stderr)
-
-
-# ---------------------------------------------------------------- measuring
 
 def _kv_pairs(out) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (k, v) [B, G, T, K] from the forward's cache, across transformers versions."""
@@ -338,18 +95,99 @@ def weight_quantities(w: AttnWeights, g: Geometry, eps: float) -> dict:
     s = lowrank_singular_values(wq.transpose(1, 2), wk)  # [H, K]
     return {
         "qk": summarize_spectrum(s, (D, D), eps),
-        "value": _measure(w.wv.detach().float().T, eps),  # [D, G*V]
-        "out": _measure(w.wo.detach().float(), eps),  # [D, H*V]
+        "value": measure(w.wv.detach().float().T, eps),  # [D, G*V]
+        "out": measure(w.wo.detach().float(), eps),  # [D, H*V]
+    }
+
+
+def _joint(kv: torch.Tensor) -> torch.Tensor:
+    B, G, T, K = kv.shape
+    return kv.float().transpose(1, 2).reshape(B, T, G * K)  # [B, T, G*K], as zoo caches it
+
+
+def check_layers(layers, g: Geometry) -> list[int]:
+    """The layer indices to measure, sorted (None: all), each checked against the model."""
+    if layers is None:
+        return list(range(g.n_layers))
+    if not layers:
+        raise ValueError("layers=[]: no layer to measure")
+    for i in layers:
+        if not 0 <= i < g.n_layers:
+            raise ValueError(f"layers={i}: out of range; the {g.model_type} model has "
+                             f"{g.n_layers} layers (0-{g.n_layers - 1})")
+    return sorted(set(layers))
+
+
+@dataclass
+class _Probe:
+    """One probe's settings and the layer entries measured so far (both paths fill it)."""
+
+    model: nn.Module
+    eps: float
+    asked: list[int] | None = None  # layer indices to measure; None: all
+    with_spectra: bool = False
+    k_max: int = 256
+    progress: Callable[[ProbeProgress], None] | None = None
+    layers: dict[int, dict] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.g = Geometry.from_config(self.model.config)
+        self.attention = EXTRACTORS[layout_of(self.g.model_type, type(self.model).__name__)](
+            self.model)
+        if len(self.attention) != self.g.n_layers:
+            raise ValueError(f"{self.g.model_type}: found {len(self.attention)} attention "
+                             f"layers, but the config declares num_hidden_layers="
+                             f"{self.g.n_layers}")
+        self.wanted = check_layers(self.asked, self.g)
+        self.index = {module: i for i, (module, _) in enumerate(self.attention)}
+        self.names = {m: n for n, m in self.model.named_modules()}
+        self.start = time.perf_counter()
+
+    def record(self, i: int, mixing: dict, x: torch.Tensor, kv) -> None:
+        """Layer i's entry from its measured mixing quantities, its input x [B, T, D] and
+        its keys and values [B, G, T, K]; then the progress callback."""
+        module, w = self.attention[i]
+        name = self.names[module]
+        layer = _layer_entry(i, name, self.g, self.model.config, w, module, mixing, x, kv,
+                             self.eps)
+        # LoRA pairs anywhere in the decoder layer (attention or MLP), if an adapter
+        # was loaded; rows are named relative to the layer (self_attn.q_proj, ...)
+        add_adapters(layer, self.model.get_submodule(name.rpartition(".")[0]), self.eps)
+        if not self.with_spectra:
+            del layer["spectra"]
+        self.layers[i] = layer
+        if self.progress is not None:
+            self.progress(ProbeProgress(i, len(self.layers), len(self.wanted),
+                                        time.perf_counter() - self.start))
+
+
+def _layer_entry(i: int, name: str, g: Geometry, config, w: AttnWeights, module: nn.Module,
+                 mixing: dict, x: torch.Tensor, kv, eps: float) -> dict:
+    g.check(i, w)
+    T = x.shape[1]
+    measured = dict(mixing)  # mixing, mixing_centered, past_future
+    measured["hidden_centered"] = measure(x.float(), eps, center=True, batch_dims=1)
+    measured.update(weight_quantities(w, g, eps))
+    measured["inference.k"] = measure(_joint(kv[0]), eps, batch_dims=1)
+    measured["inference.v"] = measure(_joint(kv[1]), eps, batch_dims=1)
+    params = sum(p.numel() for p in module.parameters())
+    return {
+        "layer": i, "name": name, "block": g.model_type,
+        "budget": declared_budget(g, T, window_of(config, i), params).to_dict(),
+        "quantities": {q: m for q, (m, _) in measured.items()},
+        # matrix-free quantities have no spectrum (an empty one): nothing to keep or plot
+        "spectra": {q: s for q, (_, s) in measured.items() if s.numel()},
     }
 
 
 @contextlib.contextmanager
-def _attention_inputs(modules: list[nn.Module]):
-    """Collect the hidden states [B, T, D] each attention module is called with."""
-    seen: list[torch.Tensor] = []
+def _attention_inputs(modules: dict[nn.Module, int]):
+    """Collect, by layer index, the hidden states [B, T, D] each attention module is
+    called with (after its layer's pre-norm: what the attention reads, as zoo probes it)."""
+    seen: dict[int, torch.Tensor] = {}
 
     def hook(module, args, kwargs):
-        seen.append((args[0] if args else kwargs["hidden_states"]).detach())
+        seen[modules[module]] = (args[0] if args else kwargs["hidden_states"]).detach()
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     try:
@@ -359,148 +197,186 @@ def _attention_inputs(modules: list[nn.Module]):
             h.remove()
 
 
-def _joint(kv: torch.Tensor) -> torch.Tensor:
-    B, G, T, K = kv.shape
-    return kv.float().transpose(1, 2).reshape(B, T, G * K)  # [B, T, G*K], as zoo caches it
+def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    logits = logits.float()  # [B, T, vocab]
+    return float(torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                   ids[:, 1:].flatten()))
 
 
-def _layer_entry(i: int, name: str, g: Geometry, config, w: AttnWeights, params: int,
-                 P: torch.Tensor, x: torch.Tensor, kv, eps: float) -> dict:
-    g.check(i, w)
-    T = P.shape[-1]
-    measured = measure_mixing(P.float(), eps)  # P: [B, H, T, T]
-    measured["hidden_centered"] = _measure(x.float(), eps, center=True, batch_dims=1)
-    measured.update(weight_quantities(w, g, eps))
-    measured["inference.k"] = _measure(_joint(kv[0]), eps, batch_dims=1)
-    measured["inference.v"] = _measure(_joint(kv[1]), eps, batch_dims=1)
-    return {
-        "layer": i, "name": name, "block": g.model_type,
-        "budget": declared_budget(g, T, _window(config, i), params).to_dict(),
-        "quantities": {q: m for q, (m, _) in measured.items()},
-        "spectra": {q: s for q, (_, s) in measured.items()},
-    }
+# ---------------------------------------------------------------- exact
+
+def _forward(model, ids: torch.Tensor, g: Geometry) -> tuple[dict, float]:
+    """The model's outputs on ids [B, T] (attentions, hidden states, cache), and its mean
+    next-token loss."""
+    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True,
+                use_cache=True)
+    if out.get("attentions") is None or any(a is None for a in out["attentions"]):
+        raise ValueError(f"{g.model_type}: the model returned no attention probabilities "
+                         f"(attn_implementation={model.config._attn_implementation!r}, "
+                         f"need 'eager')")
+    return out, _next_token_loss(out["logits"], ids)
 
 
-def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1,
-                   with_spectra: bool = False) -> tuple[dict, float]:
-    """(probe in probe_model's format, mean next-token loss) of a loaded HF model on ids [B, T]."""
-    _check_eps(eps)
-    config = model.config
-    g = Geometry.from_config(config)
-    layout = layout_of(g.model_type, type(model).__name__)
-    attention = EXTRACTORS[layout](model)
-    names = {m: n for n, m in model.named_modules()}
-    with torch.no_grad(), _attention_inputs([m for m, _ in attention]) as inputs:
-        out = model(input_ids=ids, output_attentions=True, output_hidden_states=True,
-                    use_cache=True)
-        if out.get("attentions") is None or any(a is None for a in out["attentions"]):
-            raise ValueError(f"{g.model_type}: the model returned no attention probabilities "
-                             f"(attn_implementation={config._attn_implementation!r}, "
-                             f"need 'eager')")
-        logits = out["logits"].float()  # [B, T, vocab]
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-        layers = []
-        # what each attention module read (after its layer's pre-norm), as zoo probes it
-        for i, ((module, w), P, x, kv) in enumerate(zip(
-                attention, out["attentions"], inputs, _kv_pairs(out), strict=False)):
-            params = sum(p.numel() for p in module.parameters())
-            layer = _layer_entry(i, names[module], g, config, w, params, P, x, kv, eps)
-            # LoRA pairs anywhere in the decoder layer (attention or MLP), if an adapter
-            # was loaded; rows are named relative to the layer (self_attn.q_proj, ...)
-            add_adapters(layer, model.get_submodule(names[module].rpartition(".")[0]), eps)
-            if not with_spectra:
-                del layer["spectra"]
-            layers.append(layer)
-    if len(layers) != g.n_layers:
-        raise ValueError(f"{g.model_type}: measured {len(layers)} layers, but the config "
-                         f"declares num_hidden_layers={g.n_layers}")
-    probe = {"seq_len": int(ids.shape[1]), "eps": float(eps), "layers": layers,
-             # the last entry is the final norm's output, what the LM head reads
-             "final_hidden": final_hidden_metrics(out["hidden_states"][-1], eps)}
-    return probe, float(loss)
+def _probe_exact(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Every layer's probabilities [B, H, T, T] from the eager path, decomposed; returns
+    (final hidden states [B, T, D], loss)."""
+    with _attention_inputs(p.index) as inputs:
+        out, loss = _forward(p.model, ids, p.g)
+    kv = _kv_pairs(out)
+    for i in p.wanted:
+        p.record(i, measure_mixing(out["attentions"][i].float(), p.eps), inputs[i], kv[i])
+    # the last entry is the final norm's output, what the LM head reads
+    return out["hidden_states"][-1], loss
 
 
-# ---------------------------------------------------------------- the report
+# ---------------------------------------------------------------- matrix-free
 
-def probe_hf(path, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
-             with_spectra: bool = False, adapter=None) -> tuple[str, dict]:
-    """(variant name, build_report entry) of the model saved in `path` (with the PEFT
-    adapter saved in `adapter` applied, if given), probed on `text`."""
-    path = Path(path)
-    data = read_text(text)  # cheap checks first: a bad --text costs no model load
-    if adapter is not None:
-        adapter = adapter_dir(adapter)  # a bad --adapter costs no model load either
-    model, tokenizer = load_model(path)
-    if adapter is not None:
-        model = load_adapter(model, adapter)
-    g = Geometry.from_config(model.config)
-    check_seq_len(seq_len, g)
-    ids = token_ids(data, tokenizer, int(model.config.vocab_size), str(text))
-    batch = probe_batch(ids, seq_len, probe_size, str(text))  # [B, T]
-    probe, loss = probe_hf_model(model, batch, eps, with_spectra)
-    source = {"hf": str(path), "model_type": g.model_type, "text": str(text),
-              "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
-              "probe_size": probe_size, "seq_len": seq_len,
-              **({"adapter": str(adapter)} if adapter is not None else {})}
-    entry = {"probe": probe, "step": 0, "params": sum(p.numel() for p in model.parameters()),
-             "metrics": {"probe/loss": loss}, "source": source}
-    return path.resolve().name or g.model_type, entry
+def _transformers_attention():
+    """(ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask, sdpa_attention_forward).
+
+    transformers is the optional `hf` extra, not a dependency of budgets: it is imported
+    here, when a matrix-free probe of a transformers model runs, never by `import budgets`.
+    """
+    try:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError as e:
+        raise ValueError(f"the matrix-free probe needs transformers' AttentionInterface "
+                         f"(transformers >= 5), not available here ({e}); measure exactly "
+                         f"with matfree_from=None") from None
+    return ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask, sdpa_attention_forward
+
+
+def _softcapped_output(mixing: AttentionMixing, value: torch.Tensor) -> torch.Tensor:
+    """softmax(softcap * tanh(q k^T * scale / softcap)) @ v, [B, T, H, V], a chunk of rows
+    at a time (SDPA has no logit soft-capping). The probe batch has no padding, so the
+    causal (and window) mask the operator applies is the whole mask."""
+    H, G = mixing.q.shape[1], value.shape[1]
+    v = value.float().repeat_interleave(H // G, dim=1)  # [B, H, T, V]
+    return mixing.full().matmul(v).transpose(1, 2).to(value.dtype)  # [B, T, H, V]
+
+
+def _as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
+    """Keys and values [B, G, T, K] as the exact path's cache holds them after the prefill:
+    a windowed layer's cache keeps the last W - 1 (the next query brings the W-th)."""
+    if window is None:
+        return key, value
+    start = max(key.shape[-2] - max(window - 1, 1), 0)
+    return key[..., start:, :], value[..., start:, :]
+
+
+def _scale(kwargs: dict, query: torch.Tensor) -> float:
+    scaling = kwargs.get("scaling")
+    return query.shape[-1] ** -0.5 if scaling is None else float(scaling)  # SDPA's default
+
+
+def _measuring_attention(p: _Probe, inputs: dict[int, torch.Tensor], sdpa: Callable):
+    """An attention function (transformers' interface) that measures each wanted layer from
+    its queries [B, H, T, K] and keys [B, G, T, K], then attends as SDPA does."""
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        i = p.index[module]
+        x = inputs.pop(i)  # freed as soon as the layer is measured
+        softcap = kwargs.get("softcap")
+        if i in p.wanted or softcap is not None:
+            # the window as the layer declares it to its attention (keys s > t - W, the
+            # query included), which is the mask transformers builds for it too
+            mixing = AttentionMixing(query, key, _scale(kwargs, query),
+                                     kwargs.get("sliding_window"), softcap)
+        if i in p.wanted:
+            kv = _as_cached(key, value, kwargs.get("sliding_window"))
+            p.record(i, measure_mixing_matfree(mixing, p.eps, p.k_max), x, kv)
+        if softcap is not None:
+            return _softcapped_output(mixing, value), None
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+@contextlib.contextmanager
+def _attention_implementation(model, attention: Callable):
+    """The model attending through `attention` inside, its own implementation restored
+    afterwards (on an exception too)."""
+    functions, masks, sdpa_mask, _ = _transformers_attention()
+    if not callable(getattr(model, "set_attn_implementation", None)):
+        raise ValueError(f"{type(model).__name__} cannot switch its attention implementation "
+                         f"(transformers >= 5 needed); measure exactly with matfree_from=None")
+    # masks as SDPA takes them (a registry keyed by name; registering again is harmless)
+    masks.register(MATFREE_ATTENTION, sdpa_mask)
+    functions[MATFREE_ATTENTION] = attention  # the shared interface's local mapping
+    before = model.config._attn_implementation
+    try:
+        model.set_attn_implementation(MATFREE_ATTENTION)
+        yield
+    finally:
+        model.set_attn_implementation(before)
+        del functions[MATFREE_ATTENTION]
+
+
+@contextlib.contextmanager
+def _head_input(model):
+    """The input [B, T, D] of the model's output embeddings (the final norm's output)."""
+    seen: list[torch.Tensor] = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].detach()))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def _probe_matfree(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Each wanted layer measured inside its attention call, matrix-free; returns (final
+    hidden states [B, T, D], loss). No attention probabilities, no cache, no per-layer
+    hidden states are kept."""
+    sdpa = _transformers_attention()[3]
+    with (_attention_inputs(p.index) as inputs, _head_input(p.model) as head,
+          _attention_implementation(p.model, _measuring_attention(p, inputs, sdpa))):
+        out = p.model(input_ids=ids, use_cache=False)
+    missing = [i for i in p.wanted if i not in p.layers]
+    if missing:
+        raise ValueError(f"{p.g.model_type}: layers {missing} never called the attention "
+                         f"interface, so they cannot be measured matrix-free; measure "
+                         f"exactly with matfree_from=None")
+    return head[-1], _next_token_loss(out["logits"], ids)
+
+
+# ---------------------------------------------------------------- the probe
+
+def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: bool = False,
+                   *, layers: list[int] | None = None, matfree_from: int | None = MATFREE_FROM,
+                   k_max: int = 256, progress: Callable[[ProbeProgress], None] | None = None
+                   ) -> tuple[dict, float]:
+    """(probe in probe_model's format, mean next-token loss) of a loaded HF model on ids [B, T].
+
+    `layers`: the indices to measure (None: all); the others run but are not measured.
+    From T >= matfree_from (None: never) attention ranks are measured matrix-free (module
+    docstring; rank_eps decided up to k_max values) and the probe says so in "matfree".
+    `progress` is called with a ProbeProgress after each measured layer.
+    """
+    check_eps(eps)  # before the forward pass, so a bad eps costs nothing
+    T = int(ids.shape[1])
+    matfree = matfree_from is not None and matfree_from <= T
+    p = _Probe(model, eps, layers, with_spectra, k_max, progress)  # checks the layers
+    with torch.no_grad():
+        final, loss = (_probe_matfree if matfree else _probe_exact)(p, ids)
+    probe = {"seq_len": T, "eps": float(eps), "layers": [p.layers[i] for i in p.wanted],
+             "final_hidden": final_hidden_metrics(final, eps)}
+    if matfree:
+        probe["matfree"] = {"from": matfree_from, "k_max": k_max}
+    return probe, loss
 
 
 def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
-    """build_report of one HF variant, plus per-head eranks and the probe's source."""
-    source = entry["source"]
+    """build_report of one HF variant, plus per-head eranks and the probe's source (with
+    the matrix-free settings, when the probe used them)."""
+    source, probe = entry["source"], entry["probe"]
     report = build_report({name: entry}, experiment=f"{name} ({source['model_type']})",
                           thresholds=thresholds)
-    report["source"] = source
-    for layer, probed in zip(report["variants"][0]["layers"], entry["probe"]["layers"],
-                             strict=True):
+    report["source"] = {**source, **({"matfree": probe["matfree"]} if "matfree" in probe
+                                     else {})}
+    for layer, probed in zip(report["variants"][0]["layers"], probe["layers"], strict=True):
         eranks = {q: probed["quantities"][q]["erank"] for q in ERANK_QUANTITIES}
         layer["erank"] = eranks  # per head (hidden_centered: one value per layer)
     return report
-
-
-def hf_report(path, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
-              thresholds=None, adapter=None) -> dict:
-    """The rank-budget report (schema rankzoo.report) of a saved HF causal LM on a text,
-    with a PEFT LoRA adapter applied if `adapter` names one."""
-    name, entry = probe_hf(path, text, seq_len, probe_size, eps, adapter=adapter)
-    return build_hf_report(name, entry, thresholds)
-
-
-def _mean(xs) -> float:
-    return sum(xs) / len(xs)
-
-
-HF_COLUMNS = ("layer", "hidden erank Hc", "mixing erank P", "erank Pc", "past->future erank")
-
-
-def _hf_rows(report: dict):
-    for layer in report["variants"][0]["layers"]:
-        e = layer["erank"]
-        yield (str(layer["layer"]), f"{layer['hidden_centered_erank']:.2f}",
-               f"{_mean(e['mixing']):.2f}", f"{_mean(e['mixing_centered']):.2f}",
-               f"{_mean(e['past_future']):.2f}")
-
-
-def render_hf_table(report: dict) -> Table:
-    """Per layer: erank of the centered hidden states, and raw/centered mixing eranks."""
-    v, src = report["variants"][0], report["source"]
-    table = Table(title=f"{v['variant']}: effective ranks per layer (means over heads)",
-                  caption=f"probe: {src['probe_size']} x {src['seq_len']} tokens of "
-                          f"{src['text']} ({src['tokens']}); next-token loss "
-                          f"{v['metrics']['probe/loss']:.3f}; Hc = hidden states the "
-                          f"attention reads, centered over tokens; Pc = centered attention",
-                  box=box.SIMPLE_HEAD)
-    for col in HF_COLUMNS:
-        table.add_column(col, justify="right")
-    for row in _hf_rows(report):
-        table.add_row(*row)
-    return table
-
-
-def hf_markdown(report: dict) -> str:
-    lines = ["## Effective ranks per layer (means over heads)", "",
-             "| " + " | ".join(HF_COLUMNS) + " |", "|" + "|".join("---" for _ in HF_COLUMNS) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in _hf_rows(report)]
-    return "\n".join(lines) + "\n"

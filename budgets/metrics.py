@@ -3,7 +3,7 @@
     m = rank_metrics(P, eps=0.1, center=True)   # P: [B, H, T, T] -> m["erank"]: [B, H]
 
 Every metric is a function of the singular values s_1 >= s_2 >= ... of each matrix
-(see DESIGN.md, "Effective-rank metrics", and notes/rank-science.md):
+(definitions and pitfalls: docs/METRICS.md):
 
   rank_eps             min k with sum_{i<=k} s_i^2 >= (1 - eps^2) sum s_i^2
                        (equivalently ||A - A_k||_F <= eps ||A||_F, by Eckart-Young)
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .spectra import spectrum
+
 METRICS = (
     "rank_eps",
     "erank",
@@ -32,12 +34,12 @@ METRICS = (
 )
 
 
-def _check_eps(eps: float) -> None:
+def check_eps(eps: float) -> None:
     if not 0.0 < float(eps) < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got eps={eps!r}")
 
 
-def _as_matrices(A) -> torch.Tensor:
+def as_matrices(A) -> torch.Tensor:
     """Validate A as a batch of matrices [..., m, n] and bring it to fp32 or fp64.
 
     bf16/fp16 are upcast to fp32: bf16 keeps ~2-3 significant digits (eps = 2^-7), so its
@@ -67,16 +69,14 @@ def singular_values(A, center: bool = False) -> torch.Tensor:
     P 1 = 1, so s_1 >= 1 from the all-ones direction alone: near-uniform attention reads
     rank ~1 whatever structure rides on top. Centering removes that direction.
     """
-    A = _as_matrices(A)
-    if center:
-        A = A - A.mean(dim=-2, keepdim=True)
-    return torch.linalg.svdvals(A)  # one batched LAPACK/cuSOLVER call, no Python loop
+    # one batched call on A's device, by the cheapest exact method for its shape and dtype
+    return spectrum(as_matrices(A), center=center)
 
 
 def spectrum_metrics(s: torch.Tensor, shape: tuple[int, int], eps: float = 0.1
                      ) -> dict[str, torch.Tensor]:
     """All METRICS from singular values s [..., k] (descending) of matrices of `shape` (m, n)."""
-    _check_eps(eps)
+    check_eps(eps)
     lead, k = s.shape[:-1], s.shape[-1]
     if k == 0:  # empty matrices: nothing to measure
         return {name: s.new_zeros(lead) for name in METRICS}
@@ -109,10 +109,11 @@ def spectrum_metrics(s: torch.Tensor, shape: tuple[int, int], eps: float = 0.1
 def rank_metrics(A, eps: float = 0.1, center: bool = False) -> dict[str, torch.Tensor]:
     """Effective-rank metrics of A [..., m, n] -> {name: tensor [...]} (leading dims kept).
 
-    One batched svdvals call for the whole batch; fp32, or fp64 when A is fp64.
+    One batched spectrum call for the whole batch (budgets/spectra.py); fp32 results, or
+    fp64 when A is fp64.
     Raises ValueError for fewer than 2 dims, non-finite entries, or eps outside (0, 1).
     """
-    _check_eps(eps)  # before the SVD, so a bad eps costs nothing
+    check_eps(eps)  # before the SVD, so a bad eps costs nothing
     A = torch.as_tensor(A)
     shape = tuple(A.shape[-2:]) if A.dim() >= 2 else ()
     s = singular_values(A, center=center)

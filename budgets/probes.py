@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from .adapters import adapter_ranks
-from .metrics import _check_eps, singular_values, spectrum_metrics
+from .matfree import K_MAX, CenteredOperator, block_metrics
+from .metrics import check_eps, singular_values, spectrum_metrics
+
+# From this probe length on, mixing is measured matrix-free (budgets/matfree.py) for blocks
+# that offer `mixing_operator(x)`: a [B, H, T, T] tensor at T = 2048 is 16 MiB per head and
+# its exact spectra cost T^3 each. Override with probe_model(..., matfree_from=...).
+MATFREE_FROM = 2048
 
 PROBE_METHODS = ("budget", "mixing_matrices", "weight_matrices", "init_cache", "inference_state")
 
@@ -40,7 +46,7 @@ def probeable_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int = 0):
+def measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int = 0):
     """Metrics (lists of floats) and mean spectrum [n, k] of A, averaged over `batch_dims`.
 
     The leading dims after the averaged ones are flattened, so one 2-D matrix gives lists
@@ -52,7 +58,7 @@ def _measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int 
 
 def summarize_spectrum(s: torch.Tensor, shape: tuple[int, int], eps: float,
                        batch_dims: int = 0):
-    """_measure's result from singular values s [..., k] of matrices of `shape` (m, n)."""
+    """What measure() returns, from singular values s [..., k] of matrices of `shape` (m, n)."""
     metrics = spectrum_metrics(s, shape, eps)
     dims = tuple(range(batch_dims))
     if dims:
@@ -101,7 +107,11 @@ def _capture_inputs(model: nn.Module, blocks, batch) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def _mixing_quantities(block, x: torch.Tensor, eps: float) -> dict:
+def _mixing_quantities(block, x: torch.Tensor, eps: float, matfree_from: int | None,
+                       k_max: int) -> dict:
+    if (matfree_from is not None and x.shape[1] >= matfree_from
+            and callable(getattr(block, "mixing_operator", None))):
+        return measure_mixing_matfree(block.mixing_operator(x), eps, k_max)
     P = block.mixing_matrices(x)
     B, T = x.shape[0], x.shape[1]
     if P.dim() != 4 or P.shape[0] != B or P.shape[-2:] != (T, T):
@@ -114,10 +124,38 @@ def measure_mixing(P: torch.Tensor, eps: float) -> dict:
     """Raw, centered and past->future metrics of mixing matrices P [B, H, T, T], per head."""
     h = P.shape[-1] // 2  # the past->future block M[T/2:, :T/2] that the mixing budget caps
     return {
-        "mixing": _measure(P, eps, batch_dims=1),
-        "mixing_centered": _measure(P, eps, center=True, batch_dims=1),
-        "past_future": _measure(P[..., h:, :h], eps, batch_dims=1),
+        "mixing": measure(P, eps, batch_dims=1),
+        "mixing_centered": measure(P, eps, center=True, batch_dims=1),
+        "past_future": measure(P[..., h:, :h], eps, batch_dims=1),
     }
+
+
+def _per_head(metrics: dict[str, torch.Tensor]):
+    """Matrix-free metrics [B, H] -> (per-head lists averaged over the batch, NaN -> None;
+    an undecided rank_eps reads as its lower bound + 1 and is flagged in `rank_eps_bound`)."""
+    above = metrics.pop("rank_eps_above")
+    bound = ~above.isnan()
+    metrics["rank_eps"] = torch.where(bound, above + 1, metrics["rank_eps"])
+    metrics["rank_eps_bound"] = bound.double()
+    values = {}
+    for name, v in metrics.items():
+        mean = v.double().mean(0)  # NaN in any sample: not measured for that head
+        values[name] = [None if x != x else float(x) for x in mean.cpu()]
+    return values
+
+
+def measure_mixing_matfree(mixing, eps: float, k_max: int = K_MAX) -> dict:
+    """The quantities of measure_mixing, without a [T, T] tensor: past_future always,
+    mixing and mixing_centered when the block's whole matrix is an operator."""
+    blocks = {"past_future": mixing.past_future()}
+    full = mixing.full()
+    if full is not None:
+        blocks.update(mixing=full, mixing_centered=CenteredOperator(full))
+    out = {}
+    for quantity, block in blocks.items():
+        m = block_metrics(block, eps, k_max)
+        out[quantity] = (_per_head(m), m["sigma_1"].new_zeros(0, 1).cpu())
+    return out
 
 
 def _inference_quantities(block, x: torch.Tensor, eps: float) -> dict:
@@ -129,22 +167,23 @@ def _inference_quantities(block, x: torch.Tensor, eps: float) -> dict:
         if S.dim() < 3:
             raise ValueError(f"{type(block).__name__}.inference_state()[{name!r}] must be "
                              f"[B, ..., m, n], got {tuple(S.shape)}")
-        out[f"inference.{name}"] = _measure(S, eps, batch_dims=1)
+        out[f"inference.{name}"] = measure(S, eps, batch_dims=1)
     return out
 
 
-def _probe_block(name: str, block, x: torch.Tensor, eps: float) -> dict:
-    measured = _mixing_quantities(block, x, eps)
+def _probe_block(name: str, block, x: torch.Tensor, eps: float, matfree_from: int | None = None,
+                 k_max: int = K_MAX) -> dict:
+    measured = _mixing_quantities(block, x, eps, matfree_from, k_max)
     for wname, W in block.weight_matrices().items():
         if wname in measured:
             raise ValueError(f"{type(block).__name__}.weight_matrices() uses the reserved "
                              f"name {wname!r}")
-        measured[wname] = _measure(W, eps)  # no batch dim: one entry per leading index
+        measured[wname] = measure(W, eps)  # no batch dim: one entry per leading index
     measured.update(_inference_quantities(block, x, eps))
     # the hidden states the block reads (its layer's pre-norm applied), centered over
     # tokens: their erank falling toward 1 with depth is token collapse (Dong et al.
     # 2021); info-only, no cap
-    measured["hidden_centered"] = _measure(x.float(), eps, center=True, batch_dims=1)
+    measured["hidden_centered"] = measure(x.float(), eps, center=True, batch_dims=1)
     layer = {
         "name": name,
         "block": getattr(block, "kind", "") or type(block).__name__,
@@ -170,15 +209,19 @@ def add_adapters(layer: dict, module: nn.Module, eps: float) -> None:
                              torch.tensor([a["spectrum"]]) for a in adapters})
 
 
-def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = False) -> dict:
+def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = False,
+                matfree_from: int | None = MATFREE_FROM, k_max: int = K_MAX) -> dict:
     """Realized ranks of every probeable block of `model` on `batch` (see module docstring).
 
     Returns {"seq_len": T, "eps": eps, "layers": [{"layer", "name", "block", "budget",
     "quantities": {quantity: {metric: [float per head]}}}]}, JSON-serializable unless
     with_spectra=True adds "spectra": {quantity: mean singular values [heads, k]} per layer.
     The model runs in eval mode under no_grad; every module's training flag is restored.
+    From T >= matfree_from (None: never) blocks with `mixing_operator(x)` are measured
+    matrix-free (measure_mixing_matfree; rank_eps decided up to k_max values) and the probe
+    says so in "matfree": {"from": matfree_from, "k_max": k_max}.
     """
-    _check_eps(eps)  # before the forward pass, so a bad eps costs nothing
+    check_eps(eps)  # before the forward pass, so a bad eps costs nothing
     blocks = probeable_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no probeable blocks (submodules with "
@@ -190,14 +233,18 @@ def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = 
             inputs = _capture_inputs(model, blocks, batch)
             layers = []
             for i, (name, block) in enumerate(blocks):
-                layer = {"layer": i, **_probe_block(name, block, inputs[name], eps)}
+                layer = {"layer": i, **_probe_block(name, block, inputs[name], eps,
+                                                    matfree_from, k_max)}
                 if not with_spectra:
                     del layer["spectra"]
                 layers.append(layer)
     finally:
         for m, mode in modes.items():
             m.training = mode
-    probe = {"seq_len": int(inputs[blocks[0][0]].shape[1]), "eps": float(eps), "layers": layers}
+    T = int(inputs[blocks[0][0]].shape[1])
+    probe = {"seq_len": T, "eps": float(eps), "layers": layers}
+    if matfree_from is not None and matfree_from <= T:
+        probe["matfree"] = {"from": matfree_from, "k_max": k_max}
     if FINAL in inputs:
         probe["final_hidden"] = final_hidden_metrics(inputs[FINAL], eps)
     return probe
@@ -207,5 +254,5 @@ def final_hidden_metrics(h: torch.Tensor, eps: float) -> dict[str, float]:
     """Metrics of the final hidden states h [B, T, D] pooled over all B*T tokens and
     centered: the rank of the representation the output head reads (on data of low
     intrinsic rank, such as train's Markov language, a trained model keeps it low)."""
-    values, _ = _measure(h.reshape(-1, h.shape[-1]).float(), eps, center=True)  # [B*T, D]
+    values, _ = measure(h.reshape(-1, h.shape[-1]).float(), eps, center=True)  # [B*T, D]
     return {k: v[0] for k, v in values.items()}

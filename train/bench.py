@@ -17,11 +17,9 @@ written into a temporary directory that is removed afterwards; runs/ is not touc
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -30,8 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
-from .data import make_loaders
-from .experiment import Experiment, load_experiment
+from .config import Experiment, load_experiment
+from .fit import quiet_lightning, seeded_data
 from .module import LMModule
 
 TARGET_PERCENT = 5.0  # the monitor's budget at its default interval
@@ -54,27 +52,16 @@ class TimedMonitor(RankMonitor):
         return record
 
 
-def _quiet() -> None:
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-    warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")
-
-
 def fit_seconds(exp: Experiment, variant: str, steps: int, root: Path, name: str,
                 monitor: bool) -> tuple[float, TimedMonitor | None]:
     """Train `variant` for `steps` steps under root/name; (fit seconds, the monitor)."""
     t, m = exp.train, exp.monitor
     L.seed_everything(exp.seed, workers=True, verbose=False)
-    train_loader, val_loader = make_loaders(exp.data.spec(), exp.data.train_size,
-                                            exp.data.val_size, exp.data.batch_size,
-                                            seed=exp.seed)
+    train_loader, val_loader, probe_batch = seeded_data(exp, exp.seed)
     module = LMModule(exp.variant_config(variant))
     callbacks = []
     timed = None
     if monitor:
-        probe_batch = val_loader.dataset.tensors[0][:m.probe_size]  # [P, T]
         timed = TimedMonitor(m.every_n_steps, probe_batch, eps=m.eps,
                              out_path=root / name / "ranks.jsonl",
                              histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
@@ -104,7 +91,7 @@ def bench_monitor(args: argparse.Namespace, console: Console) -> dict:
     steps = args.steps or exp.train.max_steps
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
-    _quiet()
+    quiet_lightning()
     interval = exp.monitor.every_n_steps
     console.print(f"[bold]{variant}[/] of {args.config}: {steps} steps, twice "
                   f"(without / with RankMonitor every {interval} steps) ...", highlight=False)

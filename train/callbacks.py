@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import budgets
+from zoo.config import positive_int, require
 
 # (quantity, metric) pairs logged as scalars: a few, so TensorBoard stays readable.
 DEFAULT_SCALARS = (
@@ -75,12 +76,9 @@ class RankMonitor(Callback):
                  out_path: str | Path = "ranks.jsonl",
                  scalars: tuple[tuple[str, str], ...] = DEFAULT_SCALARS,
                  histograms: tuple[str, ...] | None = DEFAULT_HISTOGRAMS):
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"RankMonitor.every_n_steps must be a positive int, "
-                             f"got {every_n_steps!r}")
-        if probe_batch.dim() != 2:
-            raise ValueError(f"RankMonitor.probe_batch must be tokens [B, T], "
-                             f"got shape {tuple(probe_batch.shape)}")
+        positive_int("RankMonitor", every_n_steps=every_n_steps)
+        require(probe_batch.dim() == 2, f"RankMonitor.probe_batch must be tokens [B, T], "
+                                        f"got shape {tuple(probe_batch.shape)}")
         self.every_n_steps = every_n_steps
         self.probe_batch = probe_batch
         self.eps = eps

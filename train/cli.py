@@ -3,7 +3,7 @@
 Every verb prints rich tables for people, or with `--format json` exactly one JSON
 document on stdout for programs (progress and notes go to stderr). Bad input ends with a
 one-line `rankzoo: error: ...` on stderr and exit code 2. Lightning is imported only by
-`train`, so `blocks` and `report` start fast.
+`train` (and matplotlib only by `report --plot`), so `blocks` and `report` start fast.
 """
 
 from __future__ import annotations
@@ -11,11 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+
+import zoo
+from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
+
+from .config import load_experiment
+from .plan import plan_document, plan_table
+from .results import load_run
+from .sweep import run_summary, summarize
 
 BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
 
@@ -73,6 +82,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--adapter", metavar="DIR",
                    help="with --hf: a PEFT LoRA adapter (save_pretrained directory) applied "
                         "to the model; its ranks fill the adapter axis")
+    _add_hf_probe_options(r)
     r.add_argument("--format", choices=("table", "md", "json"), default="table")
     r.add_argument("--plot", metavar="DIR",
                    help="also write PNG figures into DIR (a new or empty directory)")
@@ -102,6 +112,75 @@ def _check_report_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for option in ("text", "adapter"):
         if args.hf is None and getattr(args, option) is not None:
             p.error(f"--{option} {getattr(args, option)} only applies with --hf PATH")
+    _check_hf_probe_options(p, args)
+
+
+# report --hf's probe options, parsed from text in _check_hf_probe_options so that a bad value
+# reads `rankzoo: error: --flag VALUE: ...`. Absent when not given (SUPPRESS): probe_hf's
+# defaults apply, and "only with --hf" is "present".
+HF_PROBE_OPTIONS = {  # dest -> (metavar, help)
+    "device": ("{cpu,cuda,auto}", "where the forward pass and the measurements run (auto, the "
+                                  "default: cuda when available)"),
+    "dtype": ("{float32,bfloat16,float16}", "dtype of the forward pass (float32); the metrics "
+                                            "are computed in fp32/fp64 either way"),
+    "eps": ("EPS", "energy threshold of rank_eps, 0 < EPS < 1 (0.1)"),
+    "layers": ("LIST", "measure only these layers, e.g. 0,5,10-12 (all)"),
+    "matfree_from": ("T", "from this probe length on, measure attention matrix-free, never "
+                          "forming a T x T matrix (2048); 'never': always exactly"),
+    "k_max": ("K", "matrix-free: the most singular values sought per head (256)"),
+}
+
+
+def _add_hf_probe_options(r: argparse.ArgumentParser) -> None:
+    for dest, (metavar, text) in HF_PROBE_OPTIONS.items():
+        r.add_argument("--" + dest.replace("_", "-"), dest=dest, metavar=metavar,
+                       default=argparse.SUPPRESS, help=f"with --hf: {text}")
+
+
+def _eps(text: str) -> float:
+    try:
+        eps = float(text)
+    except ValueError:
+        raise ValueError("expected a number between 0 and 1") from None
+    if not 0.0 < eps < 1.0:
+        raise ValueError("expected 0 < eps < 1")
+    return eps
+
+
+def _layer_list(text: str) -> list[int]:
+    """`0,5,10-12` -> [0, 5, 10, 11, 12] (sorted, each once); the model checks the range."""
+    layers: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"expected layer indices and ranges like 0,5,10-12, got {part!r}")
+        lo, hi = int(first), int(last or first)
+        if hi < lo:
+            raise ValueError(f"the range {part!r} runs backwards")
+        layers.update(range(lo, hi + 1))
+    return sorted(layers)
+
+
+def _matfree_from(text: str) -> int | None:
+    return None if text == "never" else _positive_int(text)
+
+
+HF_PROBE_PARSERS = {"eps": _eps, "layers": _layer_list, "matfree_from": _matfree_from,
+                    "k_max": _positive_int}
+
+
+def _check_hf_probe_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The probe options given: only with --hf, and each parsed from its text."""
+    for dest in HF_PROBE_OPTIONS:
+        if not hasattr(args, dest):
+            continue
+        flag, text = "--" + dest.replace("_", "-"), getattr(args, dest)
+        if args.hf is None:
+            p.error(f"{flag} {text} only applies with --hf PATH")
+        try:
+            setattr(args, dest, HF_PROBE_PARSERS.get(dest, str)(text))
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            p.error(f"{flag} {text}: {e}")
 
 
 # ---------------------------------------------------------------- blocks
@@ -110,8 +189,6 @@ BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
 
 
 def blocks_document(d_model: int, n_heads: int, seq_len: int) -> dict:
-    import zoo
-
     rows = []
     for name in zoo.names():
         cls = zoo.block_class(name)
@@ -170,11 +247,10 @@ def cmd_blocks(args, out: Console) -> int:
 # ---------------------------------------------------------------- train
 
 def cmd_train(args, out: Console) -> int:
-    from .experiment import load_experiment
-
     exp = load_experiment(args.config, args.overrides)  # fails before Lightning is imported
     if args.dry_run:
         return _dry_run(exp, args.format, out)
+    # Lightning, imported here only: `blocks`, `report` and a dry run start without it
     from .module import NonFiniteLoss
     from .run import train_experiment
 
@@ -186,11 +262,7 @@ def cmd_train(args, out: Console) -> int:
         return 1
     if report is None:  # a non-zero rank of a distributed run: rank zero reports
         return 0
-    summary = None
-    if exp.sweep is not None:
-        from .sweep import summarize
-
-        summary = summarize(exp, report)
+    summary = summarize(exp, report) if exp.sweep is not None else None
     _print_report(report, summary, args.format, out)
     return 0
 
@@ -201,6 +273,7 @@ def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     tables (the sweep's after the variants'; then the advice, if asked)."""
     import budgets
 
+    from .render import render_advice, render_table
     from .results import report_markdown, summary_table
     from .sweep import sweep_markdown, sweep_table
 
@@ -209,17 +282,15 @@ def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     elif fmt == "md":
         print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
     else:
-        out.print(budgets.render_table(report))
+        out.print(render_table(report))
         out.print(summary_table(report))
         if sweep is not None:
             out.print(sweep_table(sweep))
         if advice:
-            out.print(budgets.render_advice(report))
+            out.print(render_advice(report))
 
 
 def _dry_run(exp, fmt: str, out: Console) -> int:
-    from .plan import plan_document, plan_table
-
     doc = plan_document(exp)
     if fmt == "json":
         print(json.dumps(doc, indent=2))
@@ -231,9 +302,6 @@ def _dry_run(exp, fmt: str, out: Console) -> int:
 # ---------------------------------------------------------------- report
 
 def cmd_report(args, out: Console) -> int:
-    from .results import load_run
-    from .sweep import run_summary
-
     if args.hf is not None:
         return _report_hf(args, out)
     notes: list[str] = []
@@ -249,17 +317,16 @@ def cmd_report(args, out: Console) -> int:
 
 def _report_hf(args, out: Console) -> int:
     import budgets
-    from budgets.hf import build_hf_report, hf_markdown, probe_hf, render_hf_table
+    from budgets.hf import build_hf_report
 
+    from .render import hf_markdown, render_advice, render_hf_table, render_table
     from .results import report_markdown
 
     if args.plot:
         from .plots import prepare_dir
 
         prepare_dir(args.plot)  # refuse a non-empty --plot DIR before the slow part
-    name, entry = probe_hf(args.hf, args.text, seq_len=args.seq_len,
-                           probe_size=args.probe_size, with_spectra=bool(args.plot),
-                           adapter=args.adapter)
+    name, entry = _probe_hf(args)
     report = build_hf_report(name, entry)
     if args.plot:
         _plot_hf(name, entry, report, args.plot)
@@ -268,20 +335,64 @@ def _report_hf(args, out: Console) -> int:
     elif args.format == "md":
         print(report_markdown(report) + "\n" + hf_markdown(report), end="")
     else:
-        out.print(budgets.render_table(report))
+        out.print(render_table(report))
         out.print(render_hf_table(report))  # no training: no variant summary to show
-        out.print(budgets.render_advice(report))
+        out.print(render_advice(report))
     return 0
+
+
+# hf_io's errors name its parameters; the user of `report --hf` typed these flags
+HF_FLAGS = {"model_dir": "--hf", "text": "--text", "seq_len": "--seq-len",
+            "probe_size": "--probe-size", "adapter": "--adapter", "device": "--device",
+            "dtype": "--dtype", "layers": "--layers", "matfree_from": "--matfree-from"}
+HF_PARAM = re.compile(r"\b(" + "|".join(HF_FLAGS) + r")=")
+
+
+def _probe_hf(args) -> tuple[str, dict]:
+    """hf_io.probe_hf on the flags, its progress on stderr; its notes on stderr (even when
+    it fails after them), its errors with `param=value` put as `--flag value`."""
+    from .hf_io import probe_hf
+
+    notes: list[str] = []
+    options = {dest: getattr(args, dest) for dest in HF_PROBE_OPTIONS if hasattr(args, dest)}
+    options.setdefault("device", "auto")  # the library defaults to cpu; a user wants speed
+    try:
+        return probe_hf(args.hf, args.text, seq_len=args.seq_len, probe_size=args.probe_size,
+                        with_spectra=bool(args.plot), adapter=args.adapter, notes=notes,
+                        progress=_show_progress, **options)
+    except BAD_INPUT as e:
+        message = HF_PARAM.sub(lambda m: HF_FLAGS[m[1]] + " ", str(e))
+        message = message.replace("--matfree-from None", "--matfree-from never")
+        raise (type(e) if type(e) in BAD_INPUT else ValueError)(message) from None
+    finally:  # stderr: stdout stays one JSON document with --format json
+        for note in notes:
+            print(f"rankzoo: note: {note}", file=sys.stderr)
+
+
+def progress_line(p) -> str:
+    """A budgets.hf.ProbeProgress for people: `layer 11 · 12/30 measured · 14.2 s · ETA 21 s`."""
+    return (f"layer {p.layer} · {p.done}/{p.total} measured · {p.elapsed:.1f} s · "
+            f"ETA {p.eta:.0f} s")
+
+
+def _show_progress(p) -> None:
+    """The probe's progress on stderr (stdout stays the report): one line per measured
+    layer, or on a terminal one line rewritten in place."""
+    tty = sys.stderr.isatty()
+    end = "\n" if not tty or p.done == p.total else ""
+    print(("\r\033[K" if tty else "") + f"rankzoo: {progress_line(p)}", end=end,
+          file=sys.stderr, flush=True)
 
 
 def _plot_hf(name: str, entry: dict, report: dict, out_dir: str) -> None:
     from pathlib import Path
 
-    from .plots import _safe, _save, budget_figure, spectrum_figure
+    from .plots import budget_figure, safe_name, save_figure, spectrum_figure
 
     record = {"step": entry["step"], "layers": entry["probe"]["layers"]}
-    written = [_save(spectrum_figure(name, record), Path(out_dir) / f"spectrum_{_safe(name)}.png"),
-               _save(budget_figure(report), Path(out_dir) / "declared_vs_realized.png")]
+    spectrum = Path(out_dir) / f"spectrum_{safe_name(name)}.png"
+    written = [save_figure(spectrum_figure(name, record), spectrum),
+               save_figure(budget_figure(report), Path(out_dir) / "declared_vs_realized.png")]
     print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
 
 
@@ -304,8 +415,6 @@ COMMANDS = {"blocks": cmd_blocks, "train": cmd_train, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
-
     args = parse(argv)
     out = console()
     try:

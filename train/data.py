@@ -24,9 +24,12 @@ import glob
 import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+
+from zoo.config import StrictConfig, is_instance, positive_int, positive_number, require
 
 IGNORE = -100
 BYTE_VOCAB = 256
@@ -35,55 +38,50 @@ VAL_SEED_OFFSET = 1_000_003  # the validation split's seed is the train seed plu
 
 
 @dataclass(frozen=True)
-class MQARSpec:
+class MQARSpec(StrictConfig):
+    """An MQAR task (the module docstring); types checked from the annotations."""
+
+    owner: ClassVar[str] = "mqar"
+
     vocab_size: int
     seq_len: int
     num_kv_pairs: int
     power_a: float = 0.01
     random_non_queries: bool = True
     # numbers of key-value pairs mixed in the validation split (None: num_kv_pairs alone)
-    val_kv_pairs: tuple[int, ...] | None = None
+    val_kv_pairs: tuple[int, ...] | list[int] | None = None
     # relabel tokens 1..V-1 by a permutation drawn from this seed: the same task over a new
     # key/value vocabulary (a second task for fine-tuning); None: no relabelling
     permute_seed: int | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "num_kv_pairs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"mqar {name} must be a positive int, got {value!r}")
+    def validate(self) -> None:
+        positive_int("mqar", vocab_size=self.vocab_size, seq_len=self.seq_len,
+                     num_kv_pairs=self.num_kv_pairs)
         n, T, V = self.num_kv_pairs, self.seq_len, self.vocab_size
-        if 4 * n > T:
-            raise ValueError(f"mqar num_kv_pairs ({n}) too large for seq_len ({T}): the context "
-                             f"and the queries need 4 * num_kv_pairs <= seq_len")
+        require(4 * n <= T, f"mqar num_kv_pairs ({n}) too large for seq_len ({T}): the "
+                            f"context and the queries need 4 * num_kv_pairs <= seq_len")
         n_keys, n_values = V // 2 - 1, V - V // 2
-        if n > min(n_keys, n_values):
-            raise ValueError(f"mqar num_kv_pairs ({n}) too large for vocab_size ({V}): "
-                             f"{n_keys} distinct keys and {n_values} distinct values available")
-        if not self.power_a > 0:
-            raise ValueError(f"mqar power_a must be > 0, got {self.power_a!r}")
+        require(n <= min(n_keys, n_values),
+                f"mqar num_kv_pairs ({n}) too large for vocab_size ({V}): {n_keys} distinct "
+                f"keys and {n_values} distinct values available")
+        positive_number("mqar", power_a=self.power_a)
         if self.val_kv_pairs is not None:
             self._check_val_kv_pairs()
-        if self.permute_seed is not None and (not isinstance(self.permute_seed, int)
-                                              or self.permute_seed < 0):
-            raise ValueError(f"mqar permute_seed must be a non-negative int or None, "
-                             f"got {self.permute_seed!r}")
+        require(self.permute_seed is None or self.permute_seed >= 0,
+                f"mqar.permute_seed must be a non-negative int or None, "
+                f"got {self.permute_seed!r}")
 
     def _check_val_kv_pairs(self) -> None:
-        pairs = self.val_kv_pairs
-        if (not isinstance(pairs, (tuple, list)) or not pairs
-                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                           for n in pairs)):
-            raise ValueError(f"mqar val_kv_pairs must be a non-empty list of positive ints, "
-                             f"got {list(pairs) if isinstance(pairs, tuple) else pairs!r}")
-        if len(set(pairs)) != len(pairs):
-            raise ValueError(f"mqar val_kv_pairs has repeated values: {list(pairs)}")
+        pairs = list(self.val_kv_pairs)
+        require(bool(pairs) and all(is_instance(n, int) and n >= 1 for n in pairs),
+                f"mqar val_kv_pairs must be a non-empty list of positive ints, got {pairs!r}")
+        require(len(set(pairs)) == len(pairs), f"mqar val_kv_pairs has repeated values: {pairs}")
         for n in pairs:
             try:
                 replace(self, num_kv_pairs=n, val_kv_pairs=None)
             except ValueError as e:
                 msg = str(e).replace(f"mqar num_kv_pairs ({n})", f"mqar val_kv_pairs value {n}")
-                raise ValueError(f"{msg} (val_kv_pairs {list(pairs)})") from None
+                raise ValueError(f"{msg} (val_kv_pairs {pairs})") from None
 
     @property
     def eval_kv_pairs(self) -> tuple[int, ...]:
@@ -220,27 +218,24 @@ def make_loaders(spec, train_size: int, val_size: int, batch_size: int,
 # ---------------------------------------------------------------- low-rank Markov language
 
 @dataclass(frozen=True)
-class MarkovSpec:
+class MarkovSpec(StrictConfig):
     """Tokens follow a Markov chain whose transition logits A B^T / temperature have rank
     `rank`: the best next-token predictor needs `rank` directions, the data's intrinsic
     rank. A and B are N(0, 1) [V, r] matrices scaled by 1/r^(1/4) each, so the logits have
     unit variance whatever r is."""
+
+    owner: ClassVar[str] = "markov"
 
     vocab_size: int
     seq_len: int
     rank: int
     temperature: float = 1.0
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "rank"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"markov {name} must be a positive int, got {value!r}")
-        if self.rank > self.vocab_size:
-            raise ValueError(f"markov rank ({self.rank}) must be <= vocab_size "
-                             f"({self.vocab_size})")
-        if not self.temperature > 0:
-            raise ValueError(f"markov temperature must be > 0, got {self.temperature!r}")
+    def validate(self) -> None:
+        positive_int("markov", vocab_size=self.vocab_size, seq_len=self.seq_len, rank=self.rank)
+        require(self.rank <= self.vocab_size,
+                f"markov rank ({self.rank}) must be <= vocab_size ({self.vocab_size})")
+        positive_number("markov", temperature=self.temperature)
 
 
 def markov_transitions(spec: MarkovSpec, seed: int) -> torch.Tensor:
@@ -268,26 +263,27 @@ def make_markov(spec: MarkovSpec, num_examples: int, seed: int,
 # ---------------------------------------------------------------- byte-level text
 
 @dataclass(frozen=True)
-class TextSpec:
+class TextSpec(StrictConfig):
     """Byte-level text read at run time from `paths`: files, directories (files matching
     `pattern`, recursively), globs, or "stdlib" (the standard library's .py sources).
     The first max_bytes bytes, in sorted path order, are read; the last `val_fraction` of
     them is the validation split."""
 
-    paths: tuple[str, ...]
+    owner: ClassVar[str] = "text"
+
+    paths: tuple[str, ...] | list[str]
     seq_len: int
     max_bytes: int = 2_000_000
     val_fraction: float = 0.1
     pattern: str = "*"
 
-    def __post_init__(self) -> None:
-        if not self.paths or not all(isinstance(p, str) and p for p in self.paths):
-            raise ValueError(f"text paths must be a non-empty list of paths (or 'stdlib'), "
-                             f"got {list(self.paths)!r}")
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"text val_fraction must be in (0, 1), got {self.val_fraction!r}")
-        if not self.max_bytes > 0:
-            raise ValueError(f"text max_bytes must be > 0, got {self.max_bytes!r}")
+    def validate(self) -> None:
+        require(bool(self.paths) and all(isinstance(p, str) and p for p in self.paths),
+                f"text paths must be a non-empty list of paths (or 'stdlib'), "
+                f"got {list(self.paths)!r}")
+        require(0 < self.val_fraction < 1,
+                f"text val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        positive_int("text", max_bytes=self.max_bytes)
 
 
 def _expand(path: str, pattern: str) -> list[Path]:

@@ -25,16 +25,16 @@ import math
 import torch
 from torch import nn
 
+from zoo.config import positive_int, positive_number
+
 
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int, alpha: float):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"LoRALinear wraps an nn.Linear, got {type(base).__name__}")
-        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-            raise ValueError(f"LoRA rank r must be a positive int, got {r!r}")
-        if not alpha > 0:
-            raise ValueError(f"LoRA alpha must be > 0, got {alpha!r}")
+        positive_int("LoRA", r=r)
+        positive_number("LoRA", alpha=alpha)
         self.base = base
         self.r, self.alpha = r, float(alpha)
         self.scaling = float(alpha) / r  # the update's scale, alpha / r

@@ -1,7 +1,8 @@
 """A small decoder-only language model whose token mixer is any zoo block.
 
 Reading order: Norm, MLP, Layer (pre-norm residual: norm -> block -> add, norm -> MLP -> add),
-DecoderLM (embedding, n_layers x Layer, final norm, LM head).
+DecoderLM (embedding, n_layers x Layer, final norm, LM head), build_model (a DecoderLM from
+a resolved run config).
 
 Weight init: the MLP and the LM head as in GPT-2/nanoGPT (N(0, 0.02), the MLP's output
 projection scaled by 1/sqrt(2 * n_layers) because each layer adds into the residual stream
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
+from zoo.config import positive_int, positive_number, require
 
 NORMS = ("rmsnorm", "layernorm")
 
@@ -77,20 +79,15 @@ class DecoderLM(nn.Module):
         tie_embeddings: bool = False,
     ):
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
-                            ("n_layers", n_layers), ("max_len", max_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"DecoderLM.{name} must be a positive int, got {value!r}")
+        positive_int("DecoderLM", vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
+                     max_len=max_len)
         if d_mlp is None:
-            if not mlp_ratio > 0:
-                raise ValueError(f"DecoderLM.mlp_ratio must be > 0, got {mlp_ratio!r}")
+            positive_number("DecoderLM", mlp_ratio=mlp_ratio)
             d_mlp = max(1, round(mlp_ratio * d_model))
-        elif not isinstance(d_mlp, int) or d_mlp < 1:
-            raise ValueError(f"DecoderLM.d_mlp must be a positive int, got {d_mlp!r}")
+        positive_int("DecoderLM", d_mlp=d_mlp)
         block_kwargs = dict(block_kwargs or {})
-        if "d_model" in block_kwargs:
-            raise ValueError("block_kwargs must not set d_model: the LM passes its own "
-                             f"d_model ({d_model}) to every block")
+        require("d_model" not in block_kwargs, "block_kwargs must not set d_model: the LM "
+                f"passes its own d_model ({d_model}) to every block")
         self.vocab_size, self.d_model, self.max_len = vocab_size, d_model, max_len
         self.d_mlp = d_mlp
 
@@ -143,3 +140,17 @@ class DecoderLM(nn.Module):
             x = layer(x)  # [B, T, D]
         x = self.norm(x)  # [B, T, D]
         return self.head(x)  # [B, T, vocab]
+
+
+def build_model(config: dict[str, Any]) -> DecoderLM:
+    """The DecoderLM of one resolved variant config (Experiment.variant_config)."""
+    data, model, block = config["data"], config["model"], dict(config["block"])
+    name = block.pop("name")
+    return DecoderLM(
+        # a fine-tune (train/finetune.py) keeps its base model's sizes in the model section
+        vocab_size=model.get("vocab_size", data["vocab_size"]), d_model=model["d_model"],
+        n_layers=model["n_layers"], block=name, block_kwargs=block,
+        mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
+        max_len=model.get("max_len", data["seq_len"]), norm=model["norm"],
+        tie_embeddings=model["tie_embeddings"],
+    )

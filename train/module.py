@@ -10,26 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE, accuracy, accuracy_by_kv_pairs
-from .model import DecoderLM
+from .model import build_model
 from .optim import build_optimizer
 
 
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite: the run stops rather than train on."""
-
-
-def build_model(config: dict[str, Any]) -> DecoderLM:
-    """The DecoderLM of one resolved variant config (Experiment.variant_config)."""
-    data, model, block = config["data"], config["model"], dict(config["block"])
-    name = block.pop("name")
-    return DecoderLM(
-        # a fine-tune (train/finetune.py) keeps its base model's sizes in the model section
-        vocab_size=model.get("vocab_size", data["vocab_size"]), d_model=model["d_model"],
-        n_layers=model["n_layers"], block=name, block_kwargs=block,
-        mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
-        max_len=model.get("max_len", data["seq_len"]), norm=model["norm"],
-        tie_embeddings=model["tie_embeddings"],
-    )
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:

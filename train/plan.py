@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from rich.table import Table
+
+import zoo
 
 from .model import DecoderLM
 
@@ -98,8 +101,6 @@ STATE_KNOBS: dict[str, tuple[str, Callable[[dict, int, int], Iterable[int]]]] = 
 
 def cache_elements(block: str, kwargs: dict[str, Any], d_model: int, seq_len: int) -> int:
     """Cached elements per sequence at seq_len of one layer of `block`."""
-    import zoo
-
     with torch.device("meta"):
         return zoo.build(block, d_model=d_model, **kwargs).budget(seq_len).cache_elements
 
@@ -151,48 +152,44 @@ def plan_document(exp) -> dict[str, Any]:
     """The matched table of an Experiment: per variant its block, parameters (and relative
     difference to the first variant), MLP width, state knob, declared budget per layer and
     costs (cache relative to the first variant's too)."""
-    import zoo
-
-    rows, ref, ref_cache = [], None, None
-    T, D, n_layers = exp.data.seq_len, exp.model.d_model, exp.model.n_layers
-    for name, run in _one_run_per_variant(exp).items():
-        config = exp.variant_config(run)
-        block_kwargs = {k: v for k, v in config["block"].items() if k != "name"}
-        with torch.device("meta"):
-            block = zoo.build(config["block"]["name"], d_model=D, **block_kwargs)
-        budget = block.budget(T)
-        d_mlp = config["model"]["d_mlp"] or default_d_mlp(D, exp.model.mlp_ratio, None)
-        params = count_params(exp.data.vocab_size, D, n_layers, config["block"]["name"],
-                              block_kwargs, d_mlp, T, exp.model.norm, exp.model.tie_embeddings)
-        cache = budget.cache_elements * n_layers
-        ref = ref if ref is not None else params
-        ref_cache = ref_cache if ref_cache is not None else cache
-        rows.append({
-            "variant": name, "block": config["block"]["name"], "kwargs": block_kwargs,
-            "params": params, "rel_diff": (params - ref) / ref, "d_mlp": d_mlp,
-            "state": _state_row(exp, run, block_kwargs),
-            "budget_per_layer": {"mixing": budget.mixing, "logits": budget.logits,
-                                 "value_path": budget.value_path,
-                                 "inference": budget.inference, "total": budget.total},
-            "cache_elements": cache,
-            "cache_rel_diff": (cache - ref_cache) / ref_cache if ref_cache else 0.0,
-            "flops_per_token": budget.flops_per_token * n_layers,
-        })
-    doc = {"experiment": exp.name, "seq_len": T, "d_model": D, "n_layers": n_layers,
-           "match": exp.match.to_dict(), "data": exp.data.to_dict(),
-           "intrinsic_rank": exp.data.intrinsic_rank, "variants": rows}
+    rows: list[dict[str, Any]] = []
+    # a sweep's grid points share a model: one row per configured variant
+    for name, run in exp.base_variants().items():
+        rows.append(plan_row(exp, name, run, rows[0] if rows else None))
+    doc = {"experiment": exp.name, "seq_len": exp.data.seq_len, "d_model": exp.model.d_model,
+           "n_layers": exp.model.n_layers, "match": exp.match.to_dict(),
+           "data": exp.data.to_dict(), "intrinsic_rank": exp.data.intrinsic_rank,
+           "variants": rows}
     if exp.sweep is not None:
         doc["sweep"] = {**exp.sweep.to_dict(), "runs": len(exp.variants)}
     return doc
 
 
-def _one_run_per_variant(exp) -> dict[str, str]:
-    """Variant name -> the run that stands for it: a sweep's grid points share a model,
-    so the table shows each configured variant once."""
-    runs: dict[str, str] = {}
-    for name, v in exp.variants.items():
-        runs.setdefault(v.base or name, name)
-    return runs
+def plan_row(exp, name: str, run: str, first: dict[str, Any] | None) -> dict[str, Any]:
+    """The row of variant `name` (built as its run `run`), its differences relative to the
+    first row (None: this is the first)."""
+    T, D, n_layers = exp.data.seq_len, exp.model.d_model, exp.model.n_layers
+    config = exp.variant_config(run)
+    block_kwargs = {k: v for k, v in config["block"].items() if k != "name"}
+    with torch.device("meta"):
+        block = zoo.build(config["block"]["name"], d_model=D, **block_kwargs)
+    budget = block.budget(T)
+    d_mlp = config["model"]["d_mlp"] or default_d_mlp(D, exp.model.mlp_ratio, None)
+    params = count_params(exp.data.vocab_size, D, n_layers, config["block"]["name"],
+                          block_kwargs, d_mlp, T, exp.model.norm, exp.model.tie_embeddings)
+    cache = budget.cache_elements * n_layers
+    ref, ref_cache = (first["params"], first["cache_elements"]) if first else (params, cache)
+    return {
+        "variant": name, "block": config["block"]["name"], "kwargs": block_kwargs,
+        "params": params, "rel_diff": (params - ref) / ref, "d_mlp": d_mlp,
+        "state": _state_row(exp, run, block_kwargs),
+        "budget_per_layer": {"mixing": budget.mixing, "logits": budget.logits,
+                             "value_path": budget.value_path,
+                             "inference": budget.inference, "total": budget.total},
+        "cache_elements": cache,
+        "cache_rel_diff": (cache - ref_cache) / ref_cache if ref_cache else 0.0,
+        "flops_per_token": budget.flops_per_token * n_layers,
+    }
 
 
 def _sweep_note(sweep: dict[str, Any] | None) -> str:
@@ -228,9 +225,7 @@ def _state_cell(state: dict[str, Any] | None) -> str:
     return cell
 
 
-def plan_table(doc: dict[str, Any]):
-    from rich.table import Table
-
+def plan_table(doc: dict[str, Any]) -> Table:
     match = doc["match"]
     matched = [what for what, on in (("parameters", match["params"]),
                                      ("cache", match.get("state", False))) if on]

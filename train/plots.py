@@ -45,7 +45,7 @@ def run_histories(run_dir: Path) -> dict[str, list[dict]]:
             if (v / "ranks.jsonl").is_file()}
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     return path
 
@@ -159,15 +159,15 @@ def write_plots(run_dir, report: dict, out_dir) -> tuple[list[Path], list[str]]:
             notes.append(f"{variant}: no spectra in its last ranks.jsonl record; "
                          "spectrum figure skipped")
             continue
-        written.append(_save(fig, out_dir / f"spectrum_{_safe(variant)}.png"))
+        written.append(save_figure(fig, out_dir / f"spectrum_{safe_name(variant)}.png"))
     if histories:
-        written.append(_save(history_figure(histories), out_dir / "rank_over_training.png"))
+        written.append(save_figure(history_figure(histories), out_dir / "rank_over_training.png"))
     else:
         notes.append(f"no ranks.jsonl under {run_dir}: rank-over-training figure skipped")
-    written.append(_save(budget_figure(report), out_dir / "declared_vs_realized.png"))
+    written.append(save_figure(budget_figure(report), out_dir / "declared_vs_realized.png"))
     return written, notes
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     """A variant name as a file name: no path separators."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -11,10 +11,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.table import Table
 
 import budgets
+
+from .io import read_yaml
+from .render import to_markdown
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
 VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
@@ -67,7 +69,7 @@ def finished_entry(vdir: Path, max_steps: int) -> dict | None:
         return None
     config: dict[str, Any] = {}
     if (vdir / "config.yaml").is_file():
-        config = yaml.safe_load((vdir / "config.yaml").read_text()) or {}
+        config = read_yaml(vdir / "config.yaml") or {}
     record = last_record(vdir / "ranks.jsonl")
     return {"probe": {k: v for k, v in record.items() if k != "step"}, "step": reported["step"],
             "params": config.get("params", reported["params"]), "metrics": reported["metrics"]}
@@ -96,7 +98,7 @@ def variant_report(vdir: Path) -> dict:
     record = last_record(ranks)
     config: dict[str, Any] = {}
     if (vdir / "config.yaml").is_file():
-        config = yaml.safe_load((vdir / "config.yaml").read_text()) or {}
+        config = read_yaml(vdir / "config.yaml") or {}
     probe = {k: v for k, v in record.items() if k != "step"}
     entry = {"probe": probe, "step": record["step"], "params": config.get("params", 0)}
     return budgets.build_report({config.get("variant", vdir.name): entry},
@@ -107,7 +109,7 @@ def variant_dirs(exp_dir: Path) -> list[Path]:
     """An experiment's variant directories, in the experiment's order when it is recorded."""
     order: list[str] = []
     if (exp_dir / EXPERIMENT_FILE).is_file():
-        raw = yaml.safe_load((exp_dir / EXPERIMENT_FILE).read_text()) or {}
+        raw = read_yaml(exp_dir / EXPERIMENT_FILE) or {}
         order = list((raw.get("variants") or {}).keys())
     found = sorted(p for p in exp_dir.iterdir()
                    if p.is_dir() and is_variant_dir(p) and not (p / DIVERGED_FILE).is_file())
@@ -188,4 +190,4 @@ def summary_markdown(report: dict) -> str:
 
 
 def report_markdown(report: dict) -> str:
-    return budgets.to_markdown(report) + "\n" + summary_markdown(report)
+    return to_markdown(report) + "\n" + summary_markdown(report)

@@ -12,20 +12,19 @@ figures that let a user see whether an optimizer or lr changed the rank a block 
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.table import Table
 
-from .experiment import SELECT_MODES, Experiment, parse_experiment
-from .results import DIVERGED_FILE, EXPERIMENT_FILE
+from .config import SELECT_MODES, Experiment, parse_experiment
+from .io import read_yaml, write_json
+from .results import EXPERIMENT_FILE
 
 SWEEP_FILE = "sweep.json"
-__all__ = ["DIVERGED_FILE", "best_runs", "run_summary", "summarize", "sweep_table",
+__all__ = ["best_runs", "run_summary", "summarize", "sweep_markdown", "sweep_table",
            "write_summary"]
 RANK_COLUMNS = ("mixing", "value_path", "inference", "adapter")
 
@@ -178,9 +177,7 @@ def _fmt(value: float | None) -> str:
 
 
 def write_summary(exp_dir: Path, summary: dict[str, Any]) -> Path:
-    path = Path(exp_dir) / SWEEP_FILE
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path
+    return write_json(Path(exp_dir) / SWEEP_FILE, summary)
 
 
 def run_summary(run_dir: str | Path, report: dict) -> dict[str, Any] | None:
@@ -188,5 +185,5 @@ def run_summary(run_dir: str | Path, report: dict) -> dict[str, Any] | None:
     path = Path(run_dir) / EXPERIMENT_FILE
     if not path.is_file():
         return None
-    exp = parse_experiment(yaml.safe_load(path.read_text()), source=str(path))
+    exp = parse_experiment(read_yaml(path), source=str(path))
     return summarize(exp, report) if exp.sweep is not None else None

@@ -1,6 +1,7 @@
 """Benchmarks: commands that print figures measured in one run, as ratios.
 
     python -m zoo.bench softmax [--seq-len 1024] [--batch 4] [--d-model 256] [--n-heads 4]
+    python -m zoo.bench ssd [--repeats 20]
 
 Times are medians over repeats after a warm-up; ratios compare paths measured in the same
 process on the same inputs, so they travel between machines better than the times do.
@@ -14,10 +15,12 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from rich.console import Console, Group
 from rich.table import Table
 
 import zoo
+from zoo.ops.ssd import chunked_ssd, expand_groups, segsum
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -212,8 +215,109 @@ def bench_softmax_family(args: argparse.Namespace) -> Group:
     return Group(window, caches, moe)
 
 
+def four_step_ssd(x, dt, A, B, C, *, initial_state=None, chunk_size: int = 64):
+    """The four steps of the Mamba-2 paper's listing (Dao & Gu 2024, "ssd_minimal"), as it
+    states them, to time the chunked backend against: B and C per head [B, T, H, N], T a
+    multiple of chunk_size; the other arguments and the outputs as `zoo.ops.ssd`'s."""
+    b, T, H, P = x.shape
+    L = chunk_size
+    X = (x * dt[..., None]).unflatten(1, (T // L, L))  # [B, T/C, C, H, P]
+    B, C = B.unflatten(1, (T // L, L)), C.unflatten(1, (T // L, L))  # [B, T/C, C, H, N]
+    a = (dt * A).unflatten(1, (T // L, L)).permute(0, 3, 1, 2)  # [B, H, T/C, C]
+    a_cum = torch.cumsum(a, dim=-1)
+    # 1. the diagonal blocks: each chunk's output from its own inputs
+    y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, torch.exp(segsum(a)), X)
+    # 2. each chunk's final state from its own inputs
+    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [B, H, T/C, C]
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, to_end, X)  # [B, T/C, H, P, N]
+    # 3. the recurrence over chunks: a segment sum of the chunks' total decays
+    if initial_state is None:
+        initial_state = states.new_zeros(b, H, P, B.shape[-1])
+    states = torch.cat([initial_state[:, None], states], dim=1)  # [B, T/C + 1, H, P, N]
+    decay_chunk = torch.exp(segsum(F.pad(a_cum[..., -1], (1, 0))))  # [B, H, T/C+1, T/C+1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    # 4. each chunk's entering state read out through C
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states[:, :-1], torch.exp(a_cum))
+    return (y_diag + y_off).reshape(b, T, H, P), states[:, -1]
+
+
+def ssd_inputs(T: int, G: int, b: int = 2, H: int = 8, P: int = 64, N: int = 64):
+    """x, dt, A, B, C for a scan of T steps, leaves that take gradients; moderate decays."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(b, T, H, P, generator=g)
+    dt = F.softplus(torch.randn(b, T, H, generator=g) - 2)  # [B, T, H]
+    A = -torch.exp(torch.randn(H, generator=g))  # [H]
+    B, C = torch.randn(2, b, T, G, N, generator=g)  # [B, T, G, N] each
+    return [t.requires_grad_() for t in (x, dt, A, B, C)]
+
+
+def scan_step(fn, inputs: list[torch.Tensor]) -> Callable[[], list[torch.Tensor]]:
+    """One forward + backward of the scan fn; returns y, the final state and the grads."""
+    def step() -> list[torch.Tensor]:
+        y, state = fn(*inputs, chunk_size=64)
+        return [y, state, *torch.autograd.grad(y.sum() + state.sum(), inputs)]
+
+    return step
+
+
+def bench_ssd(args: argparse.Namespace) -> Table:
+    """The chunked SSD backend vs the paper's four-step listing, fwd+bwd in fp32 at T in
+    {1024, 4096}, B=2, H=8, P=N=64, G in {1, 4}: the same inputs (B and C expanded to the H
+    heads for the listing, outside the timing), outputs and gradients checked equal first.
+
+    Each repeat times both paths back to back; min and median over --repeats after a
+    warm-up. On a shared machine the figures are noisy: the min is the steadiest.
+    """
+    table = Table(title=f"SSD fwd+bwd, fp32, B=2 H=8 P=N=64 C=64, {torch.get_num_threads()} "
+                        f"threads, {args.repeats} repeats")
+    for column in ("T", "G", "four-step ms", "chunked ms", "four-step / chunked"):
+        table.add_column(column, justify="right")
+    table.caption = "each cell: min / median over the repeats"
+    for T in (1024, 4096):
+        for G in (1, 4):
+            table.add_row(str(T), str(G), *ssd_row(T, G, args.repeats))
+    return table
+
+
+def ssd_row(T: int, G: int, repeats: int) -> tuple[str, str, str]:
+    times = interleaved_seconds(ssd_steps(T, G), repeats)
+    ref, fast = times["four-step"], times["chunked"]
+    med = statistics.median
+    return (f"{1e3 * min(ref):.0f} / {1e3 * med(ref):.0f}",
+            f"{1e3 * min(fast):.0f} / {1e3 * med(fast):.0f}",
+            f"{min(ref) / min(fast):.2f}x / {med(ref) / med(fast):.2f}x")
+
+
+def ssd_steps(T: int, G: int) -> dict[str, Callable[[], list[torch.Tensor]]]:
+    """fwd+bwd of the listing and of the chunked backend, checked to agree on outputs,
+    final states and gradients (the listing's per-head dB, dC summed over each group)."""
+    inputs = ssd_inputs(T, G)
+    H = inputs[0].shape[2]
+    per_head = [t.detach().clone().requires_grad_() for t in inputs[:3]]
+    per_head += [expand_groups(t.detach(), H).requires_grad_() for t in inputs[3:]]
+    steps = {"four-step": scan_step(four_step_ssd, per_head),
+             "chunked": scan_step(chunked_ssd, inputs)}
+    want, got = steps["four-step"](), steps["chunked"]()
+    want[5:] = [g.unflatten(2, (G, H // G)).sum(3) for g in want[5:]]  # [B, T, G, N]
+    for name, a, b in zip(("y", "state", "dx", "ddt", "dA", "dB", "dC"), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3, msg=f"SSD {name} differs")
+    return steps
+
+
+def interleaved_seconds(steps: dict[str, Callable[[], object]], repeats: int):
+    """name -> seconds of each repeat; every repeat runs all steps back to back, so that a
+    load that comes and goes on a shared machine falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 BENCHMARKS = {"softmax": bench_softmax, "recurrent": bench_recurrent,
-              "softmax_family": bench_softmax_family}
+              "softmax_family": bench_softmax_family, "ssd": bench_ssd}
 
 
 def main(argv: list[str] | None = None) -> None:

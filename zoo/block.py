@@ -1,4 +1,4 @@
-"""The block contract every zoo block keeps (see DESIGN.md, "The block contract").
+"""The block contract every zoo block keeps (see docs/ARCHITECTURE.md, "The block contract").
 
 A block maps x [B, T, D] to y [B, T, D], causally. Besides `forward` it answers the
 questions the rank-budget report asks of it:
@@ -11,6 +11,21 @@ questions the rank-budget report asks of it:
                                                                        -> {name: [B, ..., m, n]}
   init_cache(B, max_len) an empty cache; forward(x, cache) continues from it
   backend                the kernel backend actually in use
+
+`Block` holds these public methods: each checks its arguments and sets up once (no grad,
+fp32, autocast off, ...), then calls the block's hook, so that a block is its math and
+its budget only:
+
+  _forward(x, cache)           x checked
+  _budget(seq_len)             seq_len checked
+  _mixing_matrices(x)          x checked and in fp32, under no_grad with autocast off
+  _init_cache(batch, max_len)  both checked
+  _weight_matrices()           under no_grad; what it returns is detached
+  inference_state(cache)       overridden directly: there is nothing to check or set up
+
+Helpers the blocks share: `apply_linear` (a projection, adapters included), `split_heads`
+(a projection split into heads) and `decode_step_backend` (the backend of a one-token
+decoding step); the torch kernels share `zoo.ops.precision.upcast_16bit`.
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ from torch import nn
 
 from budgets import RankBudget
 
-from .config import StrictConfig
+from .config import StrictConfig, positive_int
 
 
 def apply_linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -36,6 +51,21 @@ def apply_linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return proj(x)
     bias = None if proj.bias is None else proj.bias.to(x.dtype)
     return F.linear(x, proj.weight.to(x.dtype), bias)
+
+
+def split_heads(proj: nn.Module, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """proj(x) for x [B, T, D], split into n_heads heads: [B, n_heads, T, width / n_heads]."""
+    B, T, _ = x.shape
+    return apply_linear(proj, x).view(B, T, n_heads, -1).transpose(1, 2)
+
+
+def decode_step_backend(requested: str, cache: Any, seq_len: int, step: str) -> str:
+    """The backend to ask a registry for: `requested`, except that `auto` takes `step` for
+    a one-token decoding step (a cache and T = 1), whose few multiply-adds cost less than
+    a chunked or fused kernel's setup."""
+    if requested == "auto" and cache is not None and seq_len == 1:
+        return step
+    return requested
 
 
 class Block(nn.Module):
@@ -74,21 +104,45 @@ class Block(nn.Module):
     def param_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    # The contract; each block implements all of these.
+    # The contract: checks and setup here, the math in each block's hooks.
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
-        raise NotImplementedError
+        self.check_input(x)
+        return self._forward(x, cache)
 
     def init_cache(self, batch: int, max_len: int) -> Any:
-        raise NotImplementedError
+        positive_int("init_cache", batch=batch, max_len=max_len)
+        return self._init_cache(batch, max_len)
 
     def budget(self, seq_len: int) -> RankBudget:
-        raise NotImplementedError
+        positive_int("budget", seq_len=seq_len)
+        return self._budget(seq_len)
 
     def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        self.check_input(x)
+        # the reference path in fp32: measured ranks must not depend on the training dtype
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            return self._mixing_matrices(x.float())
 
     def weight_matrices(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        with torch.no_grad():
+            # detached: an entry may be a parameter itself (`.float()` of an fp32 weight)
+            return {name: w.detach() for name, w in self._weight_matrices().items()}
 
     def inference_state(self, cache: Any) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    # The hooks each block implements.
+    def _forward(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _init_cache(self, batch: int, max_len: int) -> Any:
+        raise NotImplementedError
+
+    def _budget(self, seq_len: int) -> RankBudget:
+        raise NotImplementedError
+
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError

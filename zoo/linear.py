@@ -33,7 +33,7 @@ from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block, apply_linear
+from .block import Block, decode_step_backend, split_heads
 from .config import StrictConfig, positive_int, require
 from .ops.linear_attn import LINEAR_ATTN, LinearAttnSpec, linear_attn_matrix
 from .registry import register
@@ -48,7 +48,7 @@ def taylor_dim(k: int) -> int:
 
 @dataclass(frozen=True)
 class LinearConfig(StrictConfig):
-    owner: ClassVar[str] = 'linear'
+    owner: ClassVar[str] = "linear"
 
     d_model: int
     n_heads: int
@@ -61,21 +61,18 @@ class LinearConfig(StrictConfig):
     backend: str = "auto"
 
     def validate(self) -> None:
-        positive_int("linear", d_model=self.d_model, n_heads=self.n_heads,
+        positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads,
                      chunk_size=self.chunk_size)
         require(self.d_model % self.n_heads == 0,
                 f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
         if self.feature_dim is not None:
-            positive_int("linear", feature_dim=self.feature_dim)
+            positive_int(self.owner, feature_dim=self.feature_dim)
         require(self.feature_map in FEATURE_MAPS,
                 f"feature_map {self.feature_map!r} unknown; known: {list(FEATURE_MAPS)}")
-        require(isinstance(self.normalize, bool),
-                f"normalize must be a bool, got {self.normalize!r}")
         require(not (self.normalize and self.feature_map == "identity"),
                 "normalize=True needs a positive feature map; feature_map 'identity' can make "
                 "the denominator zero or negative (set normalize: false)")
-        require(isinstance(self.eps, (int, float)) and self.eps > 0,
-                f"eps must be positive, got {self.eps!r}")
+        require(self.eps > 0, f"eps must be positive, got {self.eps!r}")
         LINEAR_ATTN.check(self.backend)
 
     @property
@@ -140,27 +137,23 @@ class LinearAttention(Block):
         square = x[..., i] * x[..., j] * self._pair_weight.to(x.dtype)  # [..., K(K+1)/2]
         return torch.cat([torch.ones_like(x[..., :1]), x / K ** 0.25, square], dim=-1)
 
-    def _heads(self, x: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
-        B, T, _ = x.shape
-        return apply_linear(proj, x).view(B, T, self.config.n_heads, -1).transpose(1, 2)
-
     def features(self, x: torch.Tensor):
         """phi(q), phi(k) [B, H, T, F] and v [B, H, T, V] of x [B, T, D]."""
-        q = self.feature_map(self._heads(x, self.q_proj))
-        k = self.feature_map(self._heads(x, self.k_proj))
-        return q, k, self._heads(x, self.v_proj)
+        H = self.config.n_heads
+        q = self.feature_map(split_heads(self.q_proj, x, H))
+        k = self.feature_map(split_heads(self.k_proj, x, H))
+        return q, k, split_heads(self.v_proj, x, H)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per head [B, H, T, V]."""
-        return self._heads(x, self.v_proj)
+        return split_heads(self.v_proj, x, self.config.n_heads)
 
     def readout(self, mixed: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """[B, H, T, V] mixed values -> y [B, T, D]: the output projection (x is unused)."""
         B, H, T, V = mixed.shape
         return self.o_proj(mixed.transpose(1, 2).reshape(B, T, H * V))
 
-    def forward(self, x: torch.Tensor, cache: LinearCache | None = None) -> torch.Tensor:
-        self.check_input(x)
+    def _forward(self, x: torch.Tensor, cache: LinearCache | None) -> torch.Tensor:
         c = self.config
         q, k, v = self.features(x)  # [B, H, T, F], [B, H, T, F], [B, H, T, V]
         if c.normalize:
@@ -168,9 +161,7 @@ class LinearAttention(Block):
         if cache is not None and cache.state.shape[-1] != v.shape[-1]:
             raise ValueError(f"linear cache holds a state of shape {tuple(cache.state.shape)}; "
                              f"this block needs [B, {c.n_heads}, {c.f_dim}, {v.shape[-1]}]")
-        requested = c.backend
-        if requested == "auto" and cache is not None and x.shape[1] == 1:
-            requested = "recurrent"  # one decoding step: the recurrence is the whole cost
+        requested = decode_step_backend(c.backend, cache, x.shape[1], step="recurrent")
         backend = LINEAR_ATTN.resolve(requested, LinearAttnSpec.of(q, k, v))
         self._backend = backend.name
         o, state = backend.fn(q, k, v, initial_state=None if cache is None else cache.state,
@@ -182,43 +173,39 @@ class LinearAttention(Block):
             o = o[..., :-1] / (o[..., -1:] + c.eps)  # [B, H, T, V]
         return self.readout(o)
 
-    def init_cache(self, batch: int, max_len: int) -> LinearCache:
+    def _init_cache(self, batch: int, max_len: int) -> LinearCache:
         """A zero state; its size does not depend on max_len (accepted for the contract)."""
-        positive_int("init_cache", batch=batch, max_len=max_len)
         c = self.config
         return LinearCache(self.q_proj.weight.new_zeros(
             batch, c.n_heads, c.f_dim, c.head_dim + int(c.normalize)))
 
-    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
-        """The masked kernel matrix [B, H, T, T], row-normalized when `normalize`, in fp32.
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """The masked kernel matrix [B, H, T, T], row-normalized when `normalize`.
 
         M[t, s] = phi(q_t) . phi(k_s) for s <= t (divided by sum_s M[t, s] + eps when
         normalizing), so that  y == self.readout(M @ self.value_heads(x))  exactly.
         """
-        self.check_input(x)
-        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            q, k, _ = self.features(x.float())
-            M = linear_attn_matrix(q, k)  # [B, H, T, T]
-            if self.config.normalize:
-                M = M / (M.sum(-1, keepdim=True) + self.config.eps)
-            return M
+        q, k, _ = self.features(x)
+        M = linear_attn_matrix(q, k)  # [B, H, T, T]
+        if self.config.normalize:
+            M = M / (M.sum(-1, keepdim=True) + self.config.eps)
+        return M
 
-    def weight_matrices(self) -> dict[str, torch.Tensor]:
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config
-        wq = self.q_proj.weight.detach().float().view(c.n_heads, c.k_dim, c.d_model)
-        wk = self.k_proj.weight.detach().float().view(c.n_heads, c.k_dim, c.d_model)
+        wq = self.q_proj.weight.float().view(c.n_heads, c.k_dim, c.d_model)
+        wk = self.k_proj.weight.float().view(c.n_heads, c.k_dim, c.d_model)
         return {
             "qk": wq.transpose(1, 2) @ wk,  # [H, D, D]: W_Q^h W_K^h^T, rank <= K <= F
-            "value": self.v_proj.weight.detach().float().T,  # [D, H*V]
-            "out": self.o_proj.weight.detach().float(),  # [D, H*V]
+            "value": self.v_proj.weight.float().T,  # [D, H*V]
+            "out": self.o_proj.weight.float(),  # [D, H*V]
         }
 
     def inference_state(self, cache: LinearCache) -> dict[str, torch.Tensor]:
         """The state S per head [B, H, F, V] (the key-sum column z left out)."""
         return {"state": cache.state[..., :self.config.head_dim]}
 
-    def budget(self, seq_len: int) -> RankBudget:
-        positive_int("budget", seq_len=seq_len)
+    def _budget(self, seq_len: int) -> RankBudget:
         c = self.config
         H, K, V, Fd, D, T = c.n_heads, c.k_dim, c.head_dim, c.f_dim, c.d_model, seq_len
         Vs = V + int(c.normalize)  # the state's columns

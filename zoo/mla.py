@@ -39,7 +39,7 @@ from .rope import apply_rope
 
 @dataclass(frozen=True)
 class MLAConfig(StrictConfig):
-    owner: ClassVar[str] = 'mla'
+    owner: ClassVar[str] = "mla"
 
     d_model: int
     n_heads: int
@@ -53,14 +53,14 @@ class MLAConfig(StrictConfig):
     backend: str = "auto"
 
     def validate(self) -> None:
-        positive_int("mla", d_model=self.d_model, n_heads=self.n_heads)
+        positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads)
         if self.qk_nope_head_dim is None or self.v_head_dim is None:
             require(self.d_model % self.n_heads == 0,
                     f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
         for name in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                      "v_head_dim"):
             if getattr(self, name) is not None:
-                positive_int("mla", **{name: getattr(self, name)})
+                positive_int(self.owner, **{name: getattr(self, name)})
         for name in ("kv_lora_rank", "q_lora_rank"):
             value = getattr(self, name)
             require(value is None or value <= self.d_model,
@@ -201,8 +201,7 @@ class MultiHeadLatentAttention(Block):
         w = self._w(self.kv_up, dtype).view(c.n_heads, c.nope_dim + c.value_dim, c.latent)
         return w.split([c.nope_dim, c.value_dim], dim=1)
 
-    def forward(self, x: torch.Tensor, cache: LatentCache | None = None) -> torch.Tensor:
-        self.check_input(x)
+    def _forward(self, x: torch.Tensor, cache: LatentCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         if cache is None:  # explicit form: per-head keys and values, H-head attention
             q, k, v = self.project(x)
@@ -221,53 +220,48 @@ class MultiHeadLatentAttention(Block):
         self._backend = backend.name
         return F.linear(o.transpose(1, 2).reshape(B, T, -1), self._w(self.o_proj, x.dtype))
 
-    def init_cache(self, batch: int, max_len: int) -> LatentCache:
-        positive_int("init_cache", batch=batch, max_len=max_len)
+    def _init_cache(self, batch: int, max_len: int) -> LatentCache:
         c, p = self.config, self.kv_down.weight
         return LatentCache(p.new_zeros(batch, max_len, c.latent),
                            p.new_zeros(batch, max_len, c.rope_dim))
 
-    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
-        """softmax probabilities [B, H, T, T], recomputed on the reference path in fp32."""
-        self.check_input(x)
-        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            q, k, _ = self.project(x.float())
-            return attention_probs(q, k, window=None, scale=self.scale)
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax probabilities [B, H, T, T], recomputed on the reference path."""
+        q, k, _ = self.project(x)
+        return attention_probs(q, k, window=None, scale=self.scale)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per head [B, H, T, dv]: y = o_proj(P @ value_heads(x))."""
         return self._up(self.latents(x, 0)[0])[1]
 
-    def weight_matrices(self) -> dict[str, torch.Tensor]:
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
         """qk [H, D, D] (per head W_Q^h^T W_K^h, the nope part through the latent and the
         shared RoPE key), value [D, H*dv] (W_UV diag(g) W_DKV), out [D, H*dv]. The norms'
         gains are folded in; their per-token 1/rms scale is not a weight and is left out."""
         c = self.config
         H, R = c.n_heads, c.latent
-        with torch.no_grad():
-            if c.q_lora_rank is None:
-                wq = self.q_proj.weight.float()  # [H*(dn+dr), D]
-            else:
-                wq = self.q_up.weight.float() @ (self.q_norm.weight.float()[:, None]
-                                                 * self.q_down.weight.float())
-            wq = wq.view(H, c.qk_dim, c.d_model)
-            w_down = self.kv_down.weight.float()
-            w_dkv = self.kv_norm.weight.float()[:, None] * w_down[:R]  # [R, D]
-            w_kr = w_down[R:]  # [dr, D]
-            w_uk, w_uv = (w.float() for w in self.absorbed_weights(torch.float32))
-            wk = torch.cat((w_uk @ w_dkv, w_kr.expand(H, -1, -1)), dim=1)  # [H, dn + dr, D]
-            return {
-                "qk": wq.transpose(1, 2) @ wk,  # [H, D, D], rank <= dn + dr
-                "value": (w_uv.reshape(H * c.value_dim, R) @ w_dkv).T,  # [D, H*dv]
-                "out": self.o_proj.weight.float().clone(),  # [D, H*dv]
-            }
+        if c.q_lora_rank is None:
+            wq = self.q_proj.weight.float()  # [H*(dn+dr), D]
+        else:
+            wq = self.q_up.weight.float() @ (self.q_norm.weight.float()[:, None]
+                                             * self.q_down.weight.float())
+        wq = wq.view(H, c.qk_dim, c.d_model)
+        w_down = self.kv_down.weight.float()
+        w_dkv = self.kv_norm.weight.float()[:, None] * w_down[:R]  # [R, D]
+        w_kr = w_down[R:]  # [dr, D]
+        w_uk, w_uv = (w.float() for w in self.absorbed_weights(torch.float32))
+        wk = torch.cat((w_uk @ w_dkv, w_kr.expand(H, -1, -1)), dim=1)  # [H, dn + dr, D]
+        return {
+            "qk": wq.transpose(1, 2) @ wk,  # [H, D, D], rank <= dn + dr
+            "value": (w_uv.reshape(H * c.value_dim, R) @ w_dkv).T,  # [D, H*dv]
+            "out": self.o_proj.weight.float().clone(),  # [D, H*dv]
+        }
 
     def inference_state(self, cache: LatentCache) -> dict[str, torch.Tensor]:
         n = cache.length
         return {"latent": cache.latent[:, :n], "rope_key": cache.rope_key[:, :n]}
 
-    def budget(self, seq_len: int) -> RankBudget:
-        positive_int("budget", seq_len=seq_len)
+    def _budget(self, seq_len: int) -> RankBudget:
         c = self.config
         D, H, R, T = c.d_model, c.n_heads, c.latent, seq_len
         dn, dr, dv = c.nope_dim, c.rope_dim, c.value_dim

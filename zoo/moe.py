@@ -34,6 +34,7 @@ slot j is the attention of token t's j-th head (`routing(x)` says which head and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -41,7 +42,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from budgets import RankBudget
+from budgets import RankBudget, attention_budget
 
 from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
@@ -53,7 +54,7 @@ from .softmax import KVCache
 
 @dataclass(frozen=True)
 class MoEConfig(StrictConfig):
-    owner: ClassVar[str] = 'moe'
+    owner: ClassVar[str] = "moe"
 
     d_model: int
     n_heads: int  # E: expert heads
@@ -65,7 +66,7 @@ class MoEConfig(StrictConfig):
     backend: str = "auto"
 
     def validate(self) -> None:
-        positive_int("moe", d_model=self.d_model, n_heads=self.n_heads, top_k=self.top_k)
+        positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads, top_k=self.top_k)
         require(self.top_k <= self.n_heads,
                 f"top_k ({self.top_k}) must not exceed n_heads ({self.n_heads}), the number "
                 "of expert heads E")
@@ -73,7 +74,7 @@ class MoEConfig(StrictConfig):
             require(self.d_model % self.n_heads == 0,
                     f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
         else:
-            positive_int("moe", head_dim=self.head_dim)
+            positive_int(self.owner, head_dim=self.head_dim)
         require(not self.rope or self.k_dim % 2 == 0,
                 f"RoPE needs an even head_dim, got {self.k_dim}")
         require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
@@ -175,9 +176,8 @@ class MoEAttention(Block):
         return y.index_add(0, tokens, torch.cat(pieces))  # [N, D]
 
     # -- forward paths -------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """The fused path: k heads per token, never all E (see the module docstring)."""
-        self.check_input(x)
         c = self.config
         B, T, D = x.shape
         offset = cache.length if cache is not None else 0
@@ -207,59 +207,45 @@ class MoEAttention(Block):
         heads = torch.einsum("betv,edv->betd", o, self.o_experts.to(x.dtype))  # [B, E, T, D]
         return torch.einsum("bte,betd->btd", dense_gates, heads)
 
-    def init_cache(self, batch: int, max_len: int) -> KVCache:
-        positive_int("init_cache", batch=batch, max_len=max_len)
+    def _init_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.k_proj.weight
         shape = (batch, 1, max_len, self.config.k_dim)
         return KVCache(p.new_zeros(shape), p.new_zeros(shape))
 
     # -- probes --------------------------------------------------------------------------
-    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
-        """The routed heads' weights per slot [B, k, T, T] in fp32 (reference path): row t of
-        slot j is token t's attention through its j-th head, routing(x)[0][:, t, j].
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed heads' weights per slot [B, k, T, T] (reference path): row t of slot j
+        is token t's attention through its j-th head, routing(x)[0][:, t, j].
 
         y = sum_j gate_j * W_O^{e_j} (P[:, j] @ value_heads(x))  (see `routing`)."""
-        self.check_input(x)
-        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            x = x.float()
-            experts, _ = self.routing(x)  # [B, T, k]
-            q_all = torch.einsum("btd,ekd->btek", x, self.q_experts.float())  # [B, T, E, K]
-            q = q_all.gather(2, experts[..., None].expand(-1, -1, -1, q_all.shape[-1]))
-            k, _ = self.shared_kv(x)
-            return attention_probs(self._rope(q.transpose(1, 2), 0), k, window=None,
-                                   scale=self.scale)
+        experts, _ = self.routing(x)  # [B, T, k]
+        q_all = torch.einsum("btd,ekd->btek", x, self.q_experts.float())  # [B, T, E, K]
+        q = q_all.gather(2, experts[..., None].expand(-1, -1, -1, q_all.shape[-1]))
+        k, _ = self.shared_kv(x)
+        return attention_probs(self._rope(q.transpose(1, 2), 0), k, window=None,
+                               scale=self.scale)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The shared value head [B, 1, T, V]."""
         return self.shared_kv(x)[1]
 
-    def weight_matrices(self) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            wq, wk = self.q_experts.float(), self.k_proj.weight.float()  # [E, K, D], [K, D]
-            return {
-                "qk": wq.transpose(1, 2) @ wk,  # [E, D, D]: each expert's W_Q^e^T W_K
-                "value": self.v_proj.weight.float().T.clone(),  # [D, V]
-                "out": self.o_experts.float().transpose(0, 1).reshape(self.config.d_model, -1),
-            }
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
+        wq, wk = self.q_experts.float(), self.k_proj.weight.float()  # [E, K, D], [K, D]
+        return {
+            "qk": wq.transpose(1, 2) @ wk,  # [E, D, D]: each expert's W_Q^e^T W_K
+            "value": self.v_proj.weight.float().T.clone(),  # [D, V]
+            "out": self.o_experts.float().transpose(0, 1).reshape(self.config.d_model, -1),
+        }
 
     def inference_state(self, cache: KVCache) -> dict[str, torch.Tensor]:
         n = cache.length
         return {"k": cache.k[:, 0, :n], "v": cache.v[:, 0, :n]}  # [B, T, K], [B, T, V]
 
-    def budget(self, seq_len: int) -> RankBudget:
-        """Per active head (n_heads = k, as mixing_matrices returns): softmax's caps."""
-        positive_int("budget", seq_len=seq_len)
+    def _budget(self, seq_len: int) -> RankBudget:
+        """Per active head (n_heads = k, as mixing_matrices returns): softmax's caps for k
+        query heads over the one shared K/V head (MQA), plus the router's FLOPs."""
         c = self.config
-        D, E, k, K, T = c.d_model, c.n_heads, c.top_k, c.k_dim, seq_len
-        return RankBudget(
-            block=self.kind, seq_len=T, n_heads=k,
-            mixing=T // 2,
-            logits=K,
-            value_path=min(D, K),  # one shared value projection
-            inference=min(T, K),  # one shared K/V head
-            params=self.param_count(),
-            cache_elements=2 * T * K,
-            # router, k queries and outputs, shared K/V, attention of k heads
-            flops_per_token=(2 * D * E + 2 * k * 2 * D * K + 2 * 2 * D * K
-                             + 2 * k * 2 * K * (T + 1) // 2),
-        )
+        shared = attention_budget(self.kind, seq_len, c.top_k, 1, c.k_dim, c.d_model,
+                                  params=self.param_count())
+        router = 2 * c.d_model * c.n_heads  # W_g x: D x E
+        return dataclasses.replace(shared, flops_per_token=shared.flops_per_token + router)

@@ -5,6 +5,7 @@ and GQA/MQA are `softmax`'s own. The rank story: the past->future block M[t:, :t
 matrix is nonzero only in its top-right W-1 x W-1 corner (a query at t + i sees keys back
 to t + i - W + 1), so its rank is at most min(W - 1, T/2) whatever the weights; the logits
 stay capped by K, the value path by G*V, and the decoding state by the W cached keys.
+The budget is softmax's own (`budgets.attention_budget`, given `window`).
 
 Kernels (the attention registry): `sdpa` over a band (in blocks of queries when the band is
 long, so training costs O(T W), see zoo/ops/attention/banded.py), `flex` (FlexAttention's
@@ -21,9 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from budgets import RankBudget
-
-from .config import positive_int, require
+from .config import require
 from .registry import register
 from .softmax import SoftmaxAttention, SoftmaxConfig
 
@@ -36,8 +35,7 @@ class SlidingWindowConfig(SoftmaxConfig):
 
     def validate(self) -> None:
         super().validate()
-        require(isinstance(self.window, int) and not isinstance(self.window, bool)
-                and self.window >= 1,
+        require(self.window >= 1,  # the type is checked from the annotation
                 f"window (W, keys including the query itself) must be an int >= 1, "
                 f"got {self.window!r}")
 
@@ -112,9 +110,8 @@ class SlidingWindowAttention(SoftmaxAttention):
             presets.append(("sliding_window (W=16, MQA)", {"window": 16, "n_kv_heads": 1}))
         return presets
 
-    def init_cache(self, batch: int, max_len: int) -> RollingKVCache:
+    def _init_cache(self, batch: int, max_len: int) -> RollingKVCache:
         """A ring of min(W, max_len) entries; with max_len >= W it rolls without end."""
-        positive_int("init_cache", batch=batch, max_len=max_len)
         c, p = self.config, self.q_proj.weight
         shape = (batch, c.kv_heads, min(c.window, max_len), c.k_dim)
         return RollingKVCache(p.new_zeros(shape), p.new_zeros(shape), c.window, max_len)
@@ -124,21 +121,3 @@ class SlidingWindowAttention(SoftmaxAttention):
         k, v = cache.live()  # [B, G, n, K]
         B, n = k.shape[0], k.shape[2]
         return {"k": k.transpose(1, 2).reshape(B, n, -1), "v": v.transpose(1, 2).reshape(B, n, -1)}
-
-    def budget(self, seq_len: int) -> RankBudget:
-        positive_int("budget", seq_len=seq_len)
-        c = self.config
-        H, G, K, D, T, W = c.n_heads, c.kv_heads, c.k_dim, c.d_model, seq_len, c.window
-        # keys seen per query, averaged over the sequence: t + 1 up to W, then W
-        ramp = min(T, W)
-        keys_seen = ramp * (ramp + 1) // 2 + (T - ramp) * W
-        return RankBudget(
-            block=self.kind, seq_len=T, n_heads=H,
-            mixing=min(W - 1, T // 2),  # the band leaves a (W-1) x (W-1) corner in M[t:, :t]
-            logits=K,
-            value_path=min(D, G * K),
-            inference=min(T, W, G * K),  # the live window: at most W keys per sequence
-            params=self.param_count(),
-            cache_elements=2 * min(T, W) * G * K,
-            flops_per_token=2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * keys_seen // T,
-        )

@@ -14,9 +14,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from budgets import RankBudget
+from budgets import RankBudget, attention_budget
 
-from .block import Block, apply_linear
+from .block import Block, split_heads
 from .config import StrictConfig, positive_int, require
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
 from .ops.attention.reference import expand_kv
@@ -110,22 +110,17 @@ class SoftmaxAttention(Block):
         """Keys each query sees, itself included; None: all earlier keys (sliding_window: W)."""
         return None
 
-    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int) -> torch.Tensor:
-        B, T, _ = x.shape
-        return apply_linear(proj, x).view(B, T, n, -1).transpose(1, 2)  # [B, n, T, K]
-
     def project(self, x: torch.Tensor, offset: int = 0):
         """Queries, keys and values of x [B, T, D], rotated for positions offset + t."""
         c = self.config
-        q = self._heads(x, self.q_proj, c.n_heads)  # [B, H, T, K]
-        k = self._heads(x, self.k_proj, c.kv_heads)  # [B, G, T, K]
-        v = self._heads(x, self.v_proj, c.kv_heads)  # [B, G, T, V]
+        q = split_heads(self.q_proj, x, c.n_heads)  # [B, H, T, K]
+        k = split_heads(self.k_proj, x, c.kv_heads)  # [B, G, T, K]
+        v = split_heads(self.v_proj, x, c.kv_heads)  # [B, G, T, V]
         if c.rope:
             q, k = apply_rope(q, offset, c.rope_base), apply_rope(k, offset, c.rope_base)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        self.check_input(x)
+    def _forward(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, offset=cache.length if cache is not None else 0)
         if cache is not None:
@@ -135,32 +130,29 @@ class SoftmaxAttention(Block):
         o = backend.fn(q, k, v, window=self.window, scale=1 / math.sqrt(self.config.k_dim))
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
 
-    def init_cache(self, batch: int, max_len: int) -> KVCache:
-        positive_int("init_cache", batch=batch, max_len=max_len)
+    def _init_cache(self, batch: int, max_len: int) -> KVCache:
         c, p = self.config, self.q_proj.weight
         shape = (batch, c.kv_heads, max_len, c.k_dim)
         return KVCache(p.new_zeros(shape), p.new_zeros(shape))
 
-    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
-        """softmax probabilities [B, H, T, T], recomputed on the reference path in fp32."""
-        self.check_input(x)
-        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            q, k, _ = self.project(x.float())
-            return attention_probs(q, k, window=self.window, scale=1 / math.sqrt(self.config.k_dim))
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax probabilities [B, H, T, T], recomputed on the reference path."""
+        q, k, _ = self.project(x)
+        return attention_probs(q, k, window=self.window, scale=1 / math.sqrt(self.config.k_dim))
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per query head [B, H, T, V]: y = o_proj(P @ value_heads(x))."""
-        return expand_kv(self._heads(x, self.v_proj, self.config.kv_heads), self.config.n_heads)
+        return expand_kv(split_heads(self.v_proj, x, self.config.kv_heads), self.config.n_heads)
 
-    def weight_matrices(self) -> dict[str, torch.Tensor]:
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config
-        wq = self.q_proj.weight.detach().float().view(c.n_heads, c.k_dim, c.d_model)
-        wk = expand_kv(self.k_proj.weight.detach().float().view(1, c.kv_heads, c.k_dim, c.d_model),
+        wq = self.q_proj.weight.float().view(c.n_heads, c.k_dim, c.d_model)
+        wk = expand_kv(self.k_proj.weight.float().view(1, c.kv_heads, c.k_dim, c.d_model),
                        c.n_heads)[0]  # [H, K, D]
         return {
             "qk": wq.transpose(1, 2) @ wk,  # [H, D, D]: W_Q^h W_K^h^T, rank <= K
-            "value": self.v_proj.weight.detach().float().T,  # [D, G*V]
-            "out": self.o_proj.weight.detach().float(),  # [D, H*V]
+            "value": self.v_proj.weight.float().T,  # [D, G*V]
+            "out": self.o_proj.weight.float(),  # [D, H*V]
         }
 
     def inference_state(self, cache: KVCache) -> dict[str, torch.Tensor]:
@@ -169,18 +161,9 @@ class SoftmaxAttention(Block):
         v = cache.v[:, :, :n].transpose(1, 2).reshape(B, n, -1)  # [B, T, G*V]
         return {"k": k, "v": v}
 
-    def budget(self, seq_len: int) -> RankBudget:
-        positive_int("budget", seq_len=seq_len)
+    def _budget(self, seq_len: int) -> RankBudget:
+        """The softmax family's one formula, window included: mixing T/2 (or min(W-1, T/2)),
+        logits K, value path G*V, inference the live keys' min(T, W, G*K)."""
         c = self.config
-        H, G, K, D, T = c.n_heads, c.kv_heads, c.k_dim, c.d_model, seq_len
-        return RankBudget(
-            block=self.kind, seq_len=T, n_heads=H,
-            mixing=T // 2,  # exp(QK^T) has an unbounded kernel: only the block size caps it
-            logits=K,
-            value_path=min(D, G * K),
-            inference=min(T, G * K),
-            params=self.param_count(),
-            cache_elements=2 * T * G * K,
-            # projections, plus QK^T and PV over (T + 1) / 2 keys on average under the mask
-            flops_per_token=2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * (T + 1) // 2,
-        )
+        return attention_budget(self.kind, seq_len, c.n_heads, c.kv_heads, c.k_dim, c.d_model,
+                                window=self.window, params=self.param_count())

@@ -30,22 +30,16 @@ from torch import nn
 
 from budgets import RankBudget
 
-from .block import Block, apply_linear
-from .config import StrictConfig, positive_int, require
+from .block import Block, apply_linear, decode_step_backend
+from .config import StrictConfig, positive_int, positive_number, require
 from .ops.conv import CONV, ConvSpec
 from .ops.ssd import SSD, SSDSpec, ssd_mixing_matrix
 from .registry import register
 
 
-def _positive_number(owner: str, **values) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
-
-
 @dataclass(frozen=True)
 class SSMConfig(StrictConfig):
-    owner: ClassVar[str] = 'ssm'
+    owner: ClassVar[str] = "ssm"
 
     d_model: int
     n_heads: int  # H; the head dim P is expand * d_model / n_heads
@@ -66,7 +60,7 @@ class SSMConfig(StrictConfig):
     conv_backend: str = "auto"  # the causal conv
 
     def validate(self) -> None:
-        positive_int("ssm", d_model=self.d_model, n_heads=self.n_heads, d_state=self.d_state,
+        positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads, d_state=self.d_state,
                      expand=self.expand, n_groups=self.n_groups, d_conv=self.d_conv,
                      chunk_size=self.chunk_size)
         require(self.d_inner % self.n_heads == 0,
@@ -74,9 +68,9 @@ class SSMConfig(StrictConfig):
                 f"({self.expand} * {self.d_model} = {self.d_inner})")
         require(self.n_heads % self.n_groups == 0,
                 f"n_groups ({self.n_groups}) must divide n_heads ({self.n_heads})")
-        _positive_number("ssm", dt_min=self.dt_min, dt_max=self.dt_max,
-                         dt_init_floor=self.dt_init_floor, a_init_min=self.a_init_min,
-                         a_init_max=self.a_init_max, norm_eps=self.norm_eps)
+        positive_number(self.owner, dt_min=self.dt_min, dt_max=self.dt_max,
+                        dt_init_floor=self.dt_init_floor, a_init_min=self.a_init_min,
+                        a_init_max=self.a_init_max, norm_eps=self.norm_eps)
         require(self.dt_min <= self.dt_max,
                 f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
         require(self.a_init_min <= self.a_init_max,
@@ -152,9 +146,7 @@ class Mamba2(Block):
         xbc = xbc.transpose(1, 2)  # [B, conv_dim, T]; bf16 under autocast
         weight = self.conv1d.weight[:, 0].to(xbc.dtype)  # [conv_dim, W]
         conv_bias = None if self.conv1d.bias is None else self.conv1d.bias.to(xbc.dtype)
-        requested = c.conv_backend
-        if requested == "auto" and cache is not None and T == 1:
-            requested = "reference"  # one decoding step: W multiply-adds, no conv kernel
+        requested = decode_step_backend(c.conv_backend, cache, T, step="reference")
         conv = CONV.resolve(requested, ConvSpec.of(xbc, weight))
         self._conv_backend = conv.name
         xbc, conv_state = conv.fn(xbc, weight, conv_bias, activation="silu",
@@ -188,17 +180,14 @@ class Mamba2(Block):
         y = g.reshape(b, T, c.d_inner) * self.norm_weight.to(y.dtype)
         return apply_linear(self.out_proj, y)  # [B, T, D]
 
-    def forward(self, x: torch.Tensor, cache: SSMCache | None = None) -> torch.Tensor:
-        self.check_input(x)
+    def _forward(self, x: torch.Tensor, cache: SSMCache | None) -> torch.Tensor:
         c = self.config
         want = (c.n_heads, c.head_dim, c.d_state)
         if cache is not None and tuple(cache.ssm_state.shape[1:]) != want:
             raise ValueError(f"ssm cache holds a state of shape {tuple(cache.ssm_state.shape)}; "
                              f"this block needs [B, {', '.join(map(str, want))}]")
         z, xs, dt, A, B, C, conv_state = self.project(x, cache)
-        requested = c.backend
-        if requested == "auto" and cache is not None and x.shape[1] == 1:
-            requested = "reference"  # one decoding step: the recurrence is the whole cost
+        requested = decode_step_backend(c.backend, cache, x.shape[1], step="reference")
         scan = SSD.resolve(requested, SSDSpec.of(xs, dt, B, C))
         self._backend = scan.name
         y, state = scan.fn(xs, dt, A, B, C, chunk_size=c.chunk_size,
@@ -209,30 +198,27 @@ class Mamba2(Block):
             cache.length += x.shape[1]
         return self._readout(y, xs, z)
 
-    def init_cache(self, batch: int, max_len: int) -> SSMCache:
+    def _init_cache(self, batch: int, max_len: int) -> SSMCache:
         """Zero states; their size does not depend on max_len (accepted for the contract)."""
-        positive_int("init_cache", batch=batch, max_len=max_len)
         c, p = self.config, self.in_proj.weight
         return SSMCache(p.new_zeros(batch, c.conv_dim, c.d_conv - 1),
                         p.new_zeros(batch, c.n_heads, c.head_dim, c.d_state))
 
-    def mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
-        """Each head's semiseparable matrix [B, H, T, T] in fp32 (Mamba's "hidden attention",
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """Each head's semiseparable matrix [B, H, T, T] (Mamba's "hidden attention",
         Ali et al. 2024): M[t, s] = (C_t . B_s) exp(sum_{s<r<=t} dt_r A) dt_s for s <= t.
 
         The scan's output is M @ value_heads(x) per head; the block's output is rebuilt as
             y == self.readout(M @ self.value_heads(x), x)
         where readout adds the D skip term, gates with silu(z), normalizes and projects.
         """
-        self.check_input(x)
-        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            _, _, dt, A, B, C, _ = self.project(x.float())
-            return ssd_mixing_matrix(dt, A, B, C)
+        _, _, dt, A, B, C, _ = self.project(x)
+        return ssd_mixing_matrix(dt, A, B, C)
 
-    def weight_matrices(self) -> dict[str, torch.Tensor]:
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config
         H, G, N, Di = c.n_heads, c.n_groups, c.d_state, c.d_inner
-        w = self.in_proj.weight.detach().float()  # rows: z, x, B, C, dt
+        w = self.in_proj.weight.float()  # rows: z, x, B, C, dt
         wx = w[Di:2 * Di]  # [d_inner, D]
         wb = w[2 * Di:2 * Di + G * N].view(G, N, c.d_model)
         wc = w[2 * Di + G * N:2 * Di + 2 * G * N].view(G, N, c.d_model)
@@ -240,7 +226,7 @@ class Mamba2(Block):
         return {
             "qk": qk,  # W_C^g W_B^g^T per head (before the conv): rank <= N
             "value": wx.T,  # [D, d_inner]: the x slice of in_proj
-            "out": self.out_proj.weight.detach().float(),  # [D, d_inner]
+            "out": self.out_proj.weight.float(),  # [D, d_inner]
         }
 
     def inference_state(self, cache: SSMCache) -> dict[str, torch.Tensor]:
@@ -248,8 +234,7 @@ class Mamba2(Block):
         too but is not a state whose rank the budget caps."""
         return {"state": cache.ssm_state}
 
-    def budget(self, seq_len: int) -> RankBudget:
-        positive_int("budget", seq_len=seq_len)
+    def _budget(self, seq_len: int) -> RankBudget:
         c = self.config
         H, P, N, G, D, T = c.n_heads, c.head_dim, c.d_state, c.n_groups, c.d_model, seq_len
         return RankBudget(

@@ -1,4 +1,5 @@
-"""A tiny probeable model for the budgets tests: budgets must not depend on zoo."""
+"""Fakes shared by the budgets tests: a tiny probeable model (budgets must not depend on
+zoo) and hand-written probe layers for the report and verdict tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from budgets import RankBudget
+from budgets import METRICS, RankBudget
 
 
 class TinyAttention(nn.Module):
@@ -103,3 +104,56 @@ def tokens():
 @pytest.fixture
 def tiny_attention_cls():
     return TinyAttention
+
+
+def build_quantity(rank_eps, erank=None):
+    """A probe quantity: the given rank_eps per head, every other metric filled in."""
+    out = {name: [1.0] * len(rank_eps) for name in METRICS}
+    out["rank_eps"] = [float(r) for r in rank_eps]
+    out["erank"] = [float(e) for e in (erank or rank_eps)]
+    return out
+
+
+def build_fake_layer(i, value_path=8, inference=16):
+    budget = RankBudget(block="fake", seq_len=32, n_heads=2, mixing=16, logits=4,
+                        value_path=value_path, inference=inference)
+    quantity = build_quantity
+    return {
+        "layer": i, "name": f"blocks.{i}", "block": "fake", "budget": budget.to_dict(),
+        "quantities": {
+            "mixing": quantity([1, 1]),
+            "mixing_centered": quantity([5, 7], erank=[3.0, 4.0]),
+            "past_future": quantity([6, 10]),
+            "qk": quantity([4, 3]),
+            "value": quantity([6]),
+            "inference.k": quantity([12, 8]),
+            "inference.v": quantity([9]),
+        },
+    }
+
+
+def build_fake_variants():
+    fake_layer = build_fake_layer
+    probe = {"seq_len": 32, "eps": 0.1, "layers": [fake_layer(0), fake_layer(1, value_path=0)]}
+    return {
+        "softmax": {"probe": probe, "step": 100, "params": 1234, "metrics": {"loss": 2.5}},
+        "other": {"probe": {**probe, "layers": probe["layers"][:1]}, "step": 7, "params": 99},
+    }
+
+
+@pytest.fixture
+def quantity():
+    """quantity(rank_eps, erank=None) -> one probe quantity (every metric per head)."""
+    return build_quantity
+
+
+@pytest.fixture
+def fake_layer():
+    """fake_layer(i, value_path=8, inference=16) -> a probe layer with every quantity."""
+    return build_fake_layer
+
+
+@pytest.fixture
+def fake_variants():
+    """fake_variants() -> two variants' probes, as build_report takes them."""
+    return build_fake_variants

@@ -8,52 +8,17 @@ import pytest
 from rich.console import Console
 
 from budgets import (
-    METRICS,
     REPORT_SCHEMA_VERSION,
     RankBudget,
     build_report,
     load_report,
     probe_model,
-    render_table,
     to_json,
-    to_markdown,
 )
+from train.render import render_table, to_markdown
 
 
-def quantity(rank_eps, erank=None):
-    """A probe quantity: the given rank_eps per head, every other metric filled in."""
-    out = {name: [1.0] * len(rank_eps) for name in METRICS}
-    out["rank_eps"] = [float(r) for r in rank_eps]
-    out["erank"] = [float(e) for e in (erank or rank_eps)]
-    return out
-
-
-def fake_layer(i, value_path=8, inference=16):
-    budget = RankBudget(block="fake", seq_len=32, n_heads=2, mixing=16, logits=4,
-                        value_path=value_path, inference=inference)
-    return {
-        "layer": i, "name": f"blocks.{i}", "block": "fake", "budget": budget.to_dict(),
-        "quantities": {
-            "mixing": quantity([1, 1]),
-            "mixing_centered": quantity([5, 7], erank=[3.0, 4.0]),
-            "past_future": quantity([6, 10]),
-            "qk": quantity([4, 3]),
-            "value": quantity([6]),
-            "inference.k": quantity([12, 8]),
-            "inference.v": quantity([9]),
-        },
-    }
-
-
-def fake_variants():
-    probe = {"seq_len": 32, "eps": 0.1, "layers": [fake_layer(0), fake_layer(1, value_path=0)]}
-    return {
-        "softmax": {"probe": probe, "step": 100, "params": 1234, "metrics": {"loss": 2.5}},
-        "other": {"probe": {**probe, "layers": probe["layers"][:1]}, "step": 7, "params": 99},
-    }
-
-
-def test_rows_put_realized_beside_declared():
+def test_rows_put_realized_beside_declared(fake_variants):
     report = build_report(fake_variants(), experiment="quick")
     assert report["schema"] == "rankzoo.report" and report["version"] == REPORT_SCHEMA_VERSION
     assert report["experiment"] == "quick"
@@ -73,7 +38,7 @@ def test_rows_put_realized_beside_declared():
     assert layer["mixing_centered_erank"] == pytest.approx(3.5)
 
 
-def test_zero_cap_has_no_utilization_and_totals_add_up():
+def test_zero_cap_has_no_utilization_and_totals_add_up(fake_variants, fake_layer):
     report = build_report(fake_variants())
     v = report["variants"][0]
     value = next(a for a in v["layers"][1]["axes"] if a["quantity"] == "value")
@@ -84,14 +49,14 @@ def test_zero_cap_has_no_utilization_and_totals_add_up():
     assert report["variants"][1]["metrics"] == {}
 
 
-def test_json_round_trip(tmp_path):
+def test_json_round_trip(tmp_path, fake_variants):
     report = build_report(fake_variants(), experiment="rt")
     path = tmp_path / "report.json"
     path.write_text(to_json(report))
     assert load_report(path) == report
 
 
-def test_markdown_has_one_row_per_variant_layer_quantity():
+def test_markdown_has_one_row_per_variant_layer_quantity(fake_variants):
     report = build_report(fake_variants(), experiment="quick")
     md = to_markdown(report)
     assert md.splitlines()[0] == "# Rank-budget report: quick"
@@ -104,7 +69,7 @@ def test_markdown_has_one_row_per_variant_layer_quantity():
     assert any("| - |" in ln for ln in table)  # the zero cap prints no utilization
 
 
-def test_rich_table_renders_every_row():
+def test_rich_table_renders_every_row(fake_variants):
     report = build_report(fake_variants(), experiment="quick")
     table = render_table(report)
     assert table.row_count == 15

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from budgets import (
@@ -12,23 +9,11 @@ from budgets import (
     annotate,
     build_report,
     load_report,
-    render_advice,
     to_json,
-    to_markdown,
 )
 from budgets.verdicts import axis_verdict, is_collapsed
+from train.render import render_advice, to_markdown
 
-
-def _load_sibling(name: str):
-    # --import-mode=importlib puts no test directory on sys.path: load the file itself.
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_fakes = _load_sibling("test_report")  # the fake probe layers the report tests build
-fake_layer, fake_variants, quantity = _fakes.fake_layer, _fakes.fake_variants, _fakes.quantity
 TH = VerdictThresholds()
 
 
@@ -48,19 +33,23 @@ def test_collapse_boundary_and_overrides():
         VerdictThresholds(saturated=0.5, over_provisioned=0.9)
 
 
-def one_layer_report(past_future, erank, inference=(12, 8), adapters=()):
-    layer = fake_layer(0)
-    q = layer["quantities"]
-    q["past_future"] = quantity(past_future)
-    q["mixing_centered"] = quantity([1, 1], erank=erank)
-    q["inference.k"], q["inference.v"] = quantity(inference), quantity([9])
-    layer["adapters"] = [{"module": m, "adapter": "default", "declared": r,
-                          "metrics": {"rank_eps": float(real)}} for m, r, real in adapters]
-    probe = {"seq_len": 32, "eps": 0.1, "layers": [layer]}
-    return build_report({"v": {"probe": probe, "step": 1, "params": 1}})
+@pytest.fixture
+def one_layer_report(fake_layer, quantity):
+    def build(past_future, erank, inference=(12, 8), adapters=()):
+        layer = fake_layer(0)
+        q = layer["quantities"]
+        q["past_future"] = quantity(past_future)
+        q["mixing_centered"] = quantity([1, 1], erank=erank)
+        q["inference.k"], q["inference.v"] = quantity(inference), quantity([9])
+        layer["adapters"] = [{"module": m, "adapter": "default", "declared": r,
+                              "metrics": {"rank_eps": float(real)}} for m, r, real in adapters]
+        probe = {"seq_len": 32, "eps": 0.1, "layers": [layer]}
+        return build_report({"v": {"probe": probe, "step": 1, "params": 1}})
+
+    return build
 
 
-def test_report_carries_verdicts_and_collapse():
+def test_report_carries_verdicts_and_collapse(one_layer_report):
     layer = one_layer_report([14.4, 14.4], erank=[2.0, 2.0])["variants"][0]["layers"][0]
     rows = {a["quantity"]: a for a in layer["axes"]}
     assert rows["past_future"]["verdict"] == "saturated"  # 14.4 / 16 = 0.9 exactly
@@ -71,7 +60,7 @@ def test_report_carries_verdicts_and_collapse():
     assert layer["axes"][0]["verdict"] == "over-provisioned"  # 3.9 / 16 < 0.25
 
 
-def test_advice_from_the_figures():
+def test_advice_from_the_figures(one_layer_report):
     report = one_layer_report([3, 5], erank=[1.5, 2.5], inference=(4, 2),
                               adapters=[("wq", 8, 3), ("wv", 8, 2)])
     by_kind = {a["kind"]: a for a in report["advice"]}
@@ -89,7 +78,7 @@ def test_advice_from_the_figures():
     assert rows["adapter.wq.default"]["verdict"] == "healthy"  # 3 / 8
 
 
-def test_no_cheaper_block_above_half_the_cap_and_saturated_lora():
+def test_no_cheaper_block_above_half_the_cap_and_saturated_lora(one_layer_report):
     report = one_layer_report([9, 9], erank=[3, 3], adapters=[("wq", 4, 4)])
     kinds = [a["kind"] for a in report["advice"]]
     assert "cheaper_block" not in kinds and "collapsed" not in kinds
@@ -97,7 +86,7 @@ def test_no_cheaper_block_above_half_the_cap_and_saturated_lora():
     assert "r = 4 binds" in lora["text"]
 
 
-def test_advice_in_markdown_table_and_json(tmp_path):
+def test_advice_in_markdown_table_and_json(tmp_path, fake_variants):
     report = build_report(fake_variants(), experiment="quick")
     md = to_markdown(report)
     assert "## Advice" in md and "a low-rank cache could be" in md
@@ -110,7 +99,7 @@ def test_advice_in_markdown_table_and_json(tmp_path):
     assert annotate(old)["advice"] == report["advice"]
 
 
-def test_kv_cache_advice_needs_a_worthwhile_ratio():
+def test_kv_cache_advice_needs_a_worthwhile_ratio(one_layer_report):
     # declared 16 + 16 against realized 14 + 9: 1.39x, advised only from min_compression up
     report = one_layer_report([3, 5], erank=[3, 3], inference=(14, 14))
     assert "kv_cache" in {a["kind"] for a in report["advice"]}

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from train.experiment import apply_override, load_experiment
+from train.config import apply_override, load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {

@@ -12,7 +12,7 @@ from torch import nn
 
 import budgets
 import zoo
-from train.experiment import parse_experiment
+from train.config import parse_experiment
 from train.finetune import finetune_variant, lora_name
 from train.lora import LoRALinear, attach_lora, lora_parameters
 from train.module import build_model

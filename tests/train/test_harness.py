@@ -11,6 +11,7 @@ import yaml
 
 import zoo
 from train.cli import main
+from train.config import load_experiment, parse_experiment
 from train.data import (
     IGNORE,
     MarkovSpec,
@@ -19,7 +20,6 @@ from train.data import (
     markov_transitions,
     text_splits,
 )
-from train.experiment import load_experiment, parse_experiment
 from train.module import LMModule, NonFiniteLoss
 from train.optim import Combined, build_optimizer, muon_params
 from train.plan import count_params, matched_widths

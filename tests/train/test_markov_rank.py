@@ -19,8 +19,8 @@ import torch
 from rich.console import Console
 
 from budgets.metrics import rank_metrics
+from train.config import parse_experiment
 from train.data import make_splits
-from train.experiment import parse_experiment
 from train.module import LMModule
 from train.run import train_experiment
 

@@ -10,7 +10,7 @@ import yaml
 
 import zoo
 from train.cli import main
-from train.experiment import load_experiment, parse_experiment
+from train.config import load_experiment, parse_experiment
 from train.module import build_model
 from train.plan import STATE_KNOBS, plan_document
 

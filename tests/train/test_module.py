@@ -1,6 +1,6 @@
 import torch
 
-from train.experiment import parse_experiment
+from train.config import parse_experiment
 from train.module import LMModule
 
 RAW = {

@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
+from train.config import load_experiment, parse_experiment
 from train.data import IGNORE, MQARSpec, make_mqar, make_mqar_val, make_splits
-from train.experiment import load_experiment, parse_experiment
 from train.module import LMModule
 
 RAW = {

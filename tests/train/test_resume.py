@@ -7,7 +7,7 @@ import copy
 import pytest
 from rich.console import Console
 
-from train.experiment import parse_experiment
+from train.config import parse_experiment
 from train.run import train_experiment
 
 QUIET = Console(quiet=True)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from train.cli import main
-from train.experiment import parse_experiment
+from train.config import parse_experiment
 from train.sweep import best_runs, summarize, sweep_markdown, sweep_table
 
 

@@ -1,3 +1,5 @@
+"""Fixtures shared by the zoo tests."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,3 +34,13 @@ def quadratic_allocations():
         return [s for s in seen.shapes if sum(d >= T for d in s) >= 2]
 
     return run
+
+
+def _rel_err(got, want):
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+@pytest.fixture
+def rel_err():
+    """rel_err(got, want) -> ||got - want|| / ||want||, computed in fp64."""
+    return _rel_err

@@ -189,14 +189,10 @@ def test_variants_build_and_registry_lists_linear():
     assert labels == ["linear (elu+1)", "linear (Taylor, K=16)"]
 
 
-def rel_err(got, want):
-    return float((got.double() - want.double()).norm() / want.double().norm())
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fmap", ["elu+1", "taylor"])
-def test_block_on_cuda_under_bf16_autocast_matches_the_reference(fmap):
+def test_block_on_cuda_under_bf16_autocast_matches_the_reference(fmap, rel_err):
     """`auto` on CUDA: fla when installed, else the chunked torch path; bf16 vs fp32."""
     block = make_block(fmap, dtype=torch.float32).cuda()
     ref = make_block(fmap, dtype=torch.float32, backend="reference").cuda()

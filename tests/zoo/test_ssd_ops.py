@@ -153,15 +153,11 @@ def test_explicit_cuda_backends_name_the_reason_on_cpu():
     assert CONV.resolve("auto", ConvSpec("cpu", torch.float32, 4, True)).name == "conv1d"
 
 
-def rel_err(got, want):
-    return float((got.double() - want).norm() / want.norm())
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", [n for n in SSD.names() if n != "reference"])
-def test_ssd_backend_matches_reference_cuda(name, dtype):
+def test_ssd_backend_matches_reference_cuda(name, dtype, rel_err):
     backend = ssd_backend_or_skip(name, "cuda", dtype)
     T = 200
     inputs, s0 = make_inputs(T, True, dtype=dtype, device="cuda")
@@ -185,7 +181,7 @@ def test_ssd_backend_matches_reference_cuda(name, dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("initial", [False, True], ids=["zero-state", "initial-state"])
 @pytest.mark.parametrize("name", [n for n in CONV.names() if n != "reference"])
-def test_conv_backend_matches_reference_cuda(name, initial):
+def test_conv_backend_matches_reference_cuda(name, initial, rel_err):
     reason = CONV.why_not(name, ConvSpec("cuda", torch.float32, 4, True))
     if reason:
         pytest.skip(f"{name}: {reason}")

@@ -191,13 +191,9 @@ def test_variants_build_and_registry_lists_ssm():
         assert block.budget(128).mixing == kwargs["d_state"], label
 
 
-def rel_err(got, want):
-    return float((got.double() - want.double()).norm() / want.double().norm())
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_block_on_cuda_under_bf16_autocast_matches_fp32():
+def test_block_on_cuda_under_bf16_autocast_matches_fp32(rel_err):
     """`auto` on CUDA: mamba-ssm and causal-conv1d when installed, else the torch paths."""
     block = make_block(dtype=torch.float32).cuda()
     ref = make_block(dtype=torch.float32, backend="chunked", conv_backend="conv1d").cuda()

@@ -14,13 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..precision import upcast_16bit
+
 
 def chunked_linear_attn(q, k, v, *, initial_state=None, chunk_size: int = 64):
     out_dtype = q.dtype
-    if out_dtype in (torch.float16, torch.bfloat16):  # accumulate states in fp32
-        q, k, v = q.float(), k.float(), v.float()
-        if initial_state is not None:
-            initial_state = initial_state.float()
+    q, k, v, initial_state = upcast_16bit(q, k, v, initial_state)
     B, H, T, Fd = q.shape
     V = v.shape[-1]
     C = min(chunk_size, T)

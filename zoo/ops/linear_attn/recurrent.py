@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from ..precision import upcast_16bit
+
 
 def recurrent_linear_attn(q, k, v, *, initial_state=None, chunk_size=None):
     out_dtype = q.dtype
-    if out_dtype in (torch.float16, torch.bfloat16):  # accumulate states in fp32
-        q, k, v = q.float(), k.float(), v.float()
-        if initial_state is not None:
-            initial_state = initial_state.float()
+    q, k, v, initial_state = upcast_16bit(q, k, v, initial_state)
     B, H, T, F = q.shape
     if initial_state is None:
         state = q.new_zeros(B, H, F, v.shape[-1])  # [B, H, F, V]

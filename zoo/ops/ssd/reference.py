@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..precision import upcast_16bit
+
 
 def expand_groups(t: torch.Tensor, n_heads: int) -> torch.Tensor:
     """[B, T, G, N] -> [B, T, H, N]: group g serves heads g*H/G ... (g+1)*H/G - 1."""
@@ -37,10 +39,7 @@ def ssd_mixing_matrix(dt, A, B, C) -> torch.Tensor:
 
 def reference_ssd(x, dt, A, B, C, *, initial_state=None, chunk_size=None):
     out_dtype = x.dtype
-    if out_dtype in (torch.float16, torch.bfloat16):  # decays and states in fp32
-        x, dt, A, B, C = x.float(), dt.float(), A.float(), B.float(), C.float()
-        if initial_state is not None:
-            initial_state = initial_state.float()
+    x, dt, A, B, C, initial_state = upcast_16bit(x, dt, A, B, C, initial_state)
     b, T, H, P = x.shape
     Bh, Ch = expand_groups(B, H), expand_groups(C, H)  # [B, T, H, N]
     if initial_state is None:

@@ -8,6 +8,8 @@ independently, from the model's own output_attentions.
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 
 import pytest
@@ -17,8 +19,8 @@ transformers = pytest.importorskip(
     "transformers", reason="rankzoo report --hf needs transformers (pip install 'rankzoo[hf]')")
 
 import budgets  # noqa: E402
-from budgets.hf import _transformers, hf_report, probe_hf  # noqa: E402
 from train.cli import main  # noqa: E402
+from train.hf_io import hf_report, import_transformers, offline, probe_hf  # noqa: E402
 
 T, P = 32, 2  # seq len, probe size: the probe batch needs 64 tokens
 H, G, K, D = 4, 2, 8, 32  # the Llama: GQA, 2 query heads per KV head
@@ -77,9 +79,9 @@ def _cli(capsys, *args):
     return code, out, err
 
 
-def _json_report(capsys, model_dir, text_file, seq_len=T):
+def _json_report(capsys, model_dir, text_file, *flags, seq_len=T):
     code, out, err = _cli(capsys, "--hf", model_dir, "--text", text_file, "--seq-len", seq_len,
-                          "--probe-size", P, "--format", "json")
+                          "--probe-size", P, "--format", "json", *flags)
     assert code == 0, err
     return json.loads(out), err
 
@@ -255,7 +257,27 @@ def test_seq_len_beyond_the_position_embedding(capsys, llama_dir, text_file):
 def test_missing_transformers_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import now raises ImportError
     with pytest.raises(ValueError, match=r"pip install 'rankzoo\[hf\]'"):
-        _transformers()
+        import_transformers()
+
+
+def test_offline_mode_is_scoped(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    with offline():
+        assert os.environ["HF_HUB_OFFLINE"] == os.environ["TRANSFORMERS_OFFLINE"] == "1"
+    assert "HF_HUB_OFFLINE" not in os.environ and os.environ["TRANSFORMERS_OFFLINE"] == "0"
+
+
+def test_library_errors_name_parameters(tmp_path, llama_dir, text_file):
+    # the CLI turns these into its flags (see test_seq_len_beyond_the_position_embedding)
+    with pytest.raises(FileNotFoundError, match=r"^model_dir=\S+: model directory not found"):
+        probe_hf(tmp_path / "nope", text_file)
+    with pytest.raises(FileNotFoundError, match=r"^text=\S+: file not found"):
+        probe_hf(llama_dir, tmp_path / "nope.txt")
+    with pytest.raises(ValueError, match=r"^seq_len=256 exceeds"):
+        probe_hf(llama_dir, text_file, seq_len=256, probe_size=1)
+    with pytest.raises(ValueError, match=r"but probe_size=64 x seq_len=128 needs 8192$"):
+        probe_hf(llama_dir, text_file, seq_len=128, probe_size=64)
 
 
 @pytest.mark.parametrize("argv", [
@@ -264,11 +286,83 @@ def test_missing_transformers_names_the_extra(monkeypatch):
     ["report", "--hf", "m"],                      # --hf without --text
     ["report", "runs/x", "--text", "t"],          # --text without --hf
     ["report", "runs/x", "--adapter", "a"],       # --adapter without --hf
+    ["report", "runs/x", "--eps", "0.2"],         # a probe option without --hf
+    ["report", "runs/x", "--matfree-from", "never"],
 ])
 def test_report_needs_exactly_one_source(capsys, argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "rankzoo: error:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- probe options
+
+def test_json_on_stdout_progress_on_stderr(capsys, llama_dir, text_file):
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
+                          "--probe-size", P, "--format", "json", "--device", "cpu",
+                          "--eps", 0.2, "--layers", 1, "--matfree-from", 16, "--k-max", 32)
+    assert code == 0, err
+    report = json.loads(out)  # stdout is the one JSON document, nothing else
+    assert report["source"]["layers"] == [1] and report["source"]["n_layers"] == 2
+    assert report["source"]["matfree"] == {"from": 16, "k_max": 32}
+    assert report["source"]["device"] == "cpu" and report["variants"][0]["eps"] == 0.2
+    assert [layer["layer"] for layer in report["variants"][0]["layers"]] == [1]
+    assert re.search(r"^rankzoo: layer 1 · 1/1 measured · [\d.]+ s · ETA 0 s$", err, re.M)
+    assert "measured 1 of the model's 2 layers: 1" in err and "matrix-free" in err
+
+
+def test_progress_of_the_exact_path(capsys, llama_dir, text_file):
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
+                          "--probe-size", P, "--format", "md", "--matfree-from", "never")
+    assert code == 0, err
+    progress = [line for line in err.splitlines() if line.startswith("rankzoo: layer")]
+    assert [line.split(" · ")[1] for line in progress] == ["1/2 measured", "2/2 measured"]
+    assert "matrix-free" not in err and "| variant |" in out
+
+
+def test_a_bfloat16_forward_pass(capsys, llama_dir, text_file):
+    report, err = _json_report(capsys, llama_dir, text_file, "--dtype", "bfloat16")
+    assert report["source"]["dtype"] == "bfloat16"
+    assert "forward pass in bfloat16" in err
+    plain, _ = _json_report(capsys, llama_dir, text_file)
+    assert plain["source"]["dtype"] == "float32"
+    assert _rows(report["variants"][0]["layers"][0])["qk"]["declared"] == K
+
+
+def _parse_error(capsys, *args) -> str:
+    """The last stderr line of `rankzoo report ARGS`, which must exit with status 2."""
+    try:
+        code = main(["report", *map(str, args)])
+    except SystemExit as e:  # argparse's error(): before anything is loaded
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2 and not out, err
+    return err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--layers", "0,2"], "--layers 2: out of range; the llama model has 2 layers (0-1)"),
+    (["--layers", "1-0"], "--layers 1-0: the range '1-0' runs backwards"),
+    (["--layers", "0,,1"], "--layers 0,,1: expected layer indices and ranges like 0,5,10-12, "
+                           "got ''"),
+    (["--eps", "1"], "--eps 1: expected 0 < eps < 1"),
+    (["--eps", "x"], "--eps x: expected a number between 0 and 1"),
+    (["--matfree-from", "0"], "--matfree-from 0: expected a positive int, got 0"),
+    (["--k-max", "many"], "--k-max many: expected a positive int, got 'many'"),
+    (["--device", "tpu"], "--device tpu: not a device; one of cpu, cuda, auto"),
+    (["--dtype", "int8"], "--dtype int8: not a forward-pass dtype; one of float32, "
+                          "bfloat16, float16"),
+])
+def test_bad_probe_options_are_one_line_errors(capsys, llama_dir, text_file, flags, message):
+    line = _parse_error(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
+                        "--probe-size", P, *flags)
+    assert line == f"rankzoo: error: {message}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_is_named(capsys, llama_dir, text_file):
+    line = _parse_error(capsys, "--hf", llama_dir, "--text", text_file, "--device", "cuda")
+    assert line.startswith("rankzoo: error: --device cuda: CUDA is not available here")
 
 
 # ---------------------------------------------------------------- a PEFT adapter on top

@@ -1,0 +1,117 @@
+"""Matrix-free ranks against exact ones on materialized matrices (fp64 references)."""
+
+import math
+
+import pytest
+import torch
+
+from budgets.matfree import AttentionOperator, CenteredOperator, LowRank, operator_metrics
+from budgets.metrics import rank_metrics
+
+
+def causal_probs(q, k, scale, window=None):
+    T = q.shape[-2]
+    t = torch.arange(T)
+    seen = t[None] <= t[:, None]
+    if window is not None:
+        seen &= t[None] > t[:, None] - window
+    S = (q.double() @ k.double().mT * scale).masked_fill(~seen, -math.inf)
+    return torch.softmax(S, -1)  # [..., T, T]
+
+
+def heads(T: int = 160, K: int = 8, seed: int = 0):
+    """Four heads: random, a sink (every query on token 0), near-identity, uniform."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 4, T, K, generator=g), torch.randn(2, 4, T, K, generator=g)
+    q[:, 1], k[:, 1] = 0, 0
+    q[:, 1, :, 0], k[:, 1, 0, 0] = 1.0, 60.0  # token 0's key dominates: a sink
+    k[:, 2] = q[:, 2] * 40  # each query sees its own key far above the rest
+    q[:, 3] = 0  # all scores equal: uniform over the past
+    return q, k
+
+
+BLOCKS = {"past_future": lambda T: ((T // 2, T), (0, T // 2)), "full": lambda T: (None, None)}
+
+
+@pytest.mark.parametrize("window", [None, 12], ids=["causal", "window12"])
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+@pytest.mark.parametrize("center", [False, True], ids=["raw", "centered"])
+def test_matrix_free_equals_exact(window, block, center):
+    q, k = heads()
+    T = q.shape[-2]
+    rows, cols = BLOCKS[block](T)
+    op = AttentionOperator(q, k, 0.5, window, rows, cols)
+    P = causal_probs(q, k, 0.5, window)
+    if rows is not None:
+        P = P[..., rows[0]:rows[1], cols[0]:cols[1]]
+    op = CenteredOperator(op) if center else op
+    exact = rank_metrics(P, eps=0.1, center=center)
+    got = operator_metrics(op, eps=0.1, k=8, k_max=T)
+    # a centered sink head is zero up to rounding: its figures are noise on both sides
+    real = exact["sigma_1"] > 1e-6
+    assert real.sum() >= 6
+    assert torch.equal(got["rank_eps"][real], exact["rank_eps"][real])
+    for name in ("stable_rank", "sigma_1"):
+        torch.testing.assert_close(got[name][real], exact[name][real], rtol=1e-4, atol=1e-6)
+    assert got["rank_eps_above"].isnan().all()
+
+
+def test_the_sink_head_reads_rank_one():
+    q, k = heads()
+    got = operator_metrics(AttentionOperator(q, k, 0.5), eps=0.1)
+    assert (got["rank_eps"][:, 1] == 1).all()
+
+
+def test_too_small_k_answers_above_k():
+    q, k = heads(T=200)
+    T = q.shape[-2]
+    op = AttentionOperator(q, k, 0.5, None, (T // 2, T), (0, T // 2))
+    got = operator_metrics(op, eps=0.01, k=4, k_max=4)
+    exact = rank_metrics(causal_probs(q, k, 0.5)[..., T // 2:, :T // 2], eps=0.01)
+    above = exact["rank_eps"] > 4
+    assert above.any()
+    assert got["rank_eps"][above].isnan().all()
+    assert (got["rank_eps_above"][above] >= 4).all()
+    assert (got["rank_eps_above"][above] < exact["rank_eps"][above]).all()
+    assert torch.equal(got["rank_eps"][~above], exact["rank_eps"][~above])
+
+
+def test_erank_only_where_the_whole_spectrum_was_seen():
+    q, k = heads()
+    T = q.shape[-2]
+    op = AttentionOperator(q, k, 0.5, 6, (T // 2, T), (0, T // 2))  # rank <= 5
+    got = operator_metrics(op, eps=0.1, k=16)
+    exact = rank_metrics(causal_probs(q, k, 0.5, 6)[..., T // 2:, :T // 2], eps=0.1)
+    torch.testing.assert_close(got["erank"], exact["erank"], rtol=1e-4, atol=1e-6)
+    wide = operator_metrics(AttentionOperator(q, k, 0.5), eps=0.1, k=8, k_max=8)
+    assert wide["erank"][:, 0].isnan().all()  # a random head's spectrum is not all seen
+    assert wide["numerical_rank"].isnan().all()
+
+
+def test_products_never_hold_a_T_by_T_tensor(monkeypatch):
+    """With small chunks the largest tensor an operator makes is [B, H, chunk, T]."""
+    import budgets.matfree as mf
+    monkeypatch.setattr(mf, "CHUNK_ELEMENTS", 2 * 4 * 16 * 256)
+    q, k = heads(T=256)
+    op = AttentionOperator(q, k, 0.5)
+    assert op.chunk == 16
+    biggest = 0
+    real = torch.Tensor.__matmul__
+
+    def spy(a, b):
+        nonlocal biggest
+        out = real(a, b)
+        biggest = max(biggest, out.shape[-2] * out.shape[-1])
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    operator_metrics(op, eps=0.1, k=8, k_max=8)
+    assert 0 < biggest <= 16 * 256
+
+
+def test_low_rank_block_is_exact():
+    g = torch.Generator().manual_seed(3)
+    L, R = torch.randn(2, 90, 6, generator=g), torch.randn(2, 70, 6, generator=g)
+    got, exact = LowRank(L, R).metrics(0.1), rank_metrics((L @ R.mT).double(), 0.1)
+    assert torch.equal(got["rank_eps"], exact["rank_eps"])
+    torch.testing.assert_close(got["erank"].double(), exact["erank"], rtol=1e-4, atol=0)

@@ -1,0 +1,333 @@
+"""The packages' layering, read from the source: train -> zoo -> budgets, and nothing else.
+
+The checker parses every module of zoo/, budgets/ and train/ with `ast` (nothing is
+imported) and builds the module-level graph of the project's own imports:
+
+- relative imports are resolved against the importing module's package;
+- `from pkg import name` is an edge to the submodule `pkg.name` when that is a module of
+  the project, else to `pkg` itself;
+- an import anywhere counts, inside a function or under `if TYPE_CHECKING:` included: an
+  import deferred into a function to dodge a cycle still makes the two modules depend on
+  each other;
+- importing `pkg.sub` runs `pkg/__init__.py` too, but that is not counted as an edge to
+  `pkg`, or every package whose `__init__` re-exports its submodules would be a cycle.
+
+Four rules, one test each: no cycle; budgets imports neither zoo nor train; zoo does not
+import train; no `from module import _private` across modules. (`import module` followed
+by `module._private` is not checked.) The tests at the end plant each violation in a small
+source tree and check that the checker finds it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("zoo", "budgets", "train")
+# package -> the project packages it must not import (the direction is train -> zoo -> budgets)
+FORBIDDEN = {"budgets": ("zoo", "train"), "zoo": ("train",)}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module, e.g. "train.run"
+    target: str  # imported module of the project, e.g. "train.finetune"
+    where: str  # "train/run.py:351", for the failure message
+    names: tuple[str, ...] = ()  # names taken from target by `from target import ...`
+
+
+def modules_of(root: Path, packages=PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under each package directory."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _base(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module name that `from <...> import` names, relative imports resolved."""
+    if node.level == 0:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    parts = package.split(".")
+    if node.level - 1 >= len(parts):
+        raise ValueError(f"{path}:{node.lineno}: relative import beyond the top package")
+    parts = parts[:len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _owner(name: str, modules) -> str | None:
+    """The longest prefix of the dotted `name` that is a module of the project."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in modules:
+            return ".".join(parts[:i])
+    return None
+
+
+def import_edges(root: Path, packages=PACKAGES) -> list[Edge]:
+    """Every import of a project module by a project module (self-imports left out)."""
+    modules = modules_of(root, packages)
+    edges = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(tree):
+            where = f"{rel}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                targets = [(_owner(alias.name, modules), ()) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _base(module, path, node)
+                targets, names = [], []
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in modules:  # `from pkg import submodule`
+                        targets.append((sub, ()))
+                    else:
+                        names.append(alias.name)
+                if names:
+                    targets.append((_owner(base, modules) if base in modules else None,
+                                    tuple(names)))
+            else:
+                continue
+            edges += [Edge(module, target, where, names) for target, names in targets
+                      if target is not None and target != module]
+    return edges
+
+
+def graph_of(edges: list[Edge]) -> dict[str, dict[str, Edge]]:
+    """source -> target -> the first edge found between them."""
+    graph: dict[str, dict[str, Edge]] = {}
+    for e in edges:
+        graph.setdefault(e.source, {}).setdefault(e.target, e)
+        graph.setdefault(e.target, {})
+    return graph
+
+
+def find_cycles(edges: list[Edge]) -> list[list[Edge]]:
+    """Cycles, each as its edges in order: in every strongly connected component of more
+    than one module (Tarjan's algorithm, iterative), the shortest cycle through each of its
+    modules, the same cycle listed once."""
+    graph = graph_of(edges)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    cycles, seen = [], set()
+    for component in sorted(components):
+        for member in component:
+            cycle = _cycle_in(graph, set(component), member)
+            key = frozenset((e.source, e.target) for e in cycle)
+            if key not in seen:
+                seen.add(key)
+                cycles.append(cycle)
+    return cycles
+
+
+def _cycle_in(graph, component: set[str], start: str) -> list[Edge]:
+    """A shortest cycle through `start` inside one strongly connected component (BFS)."""
+    parent: dict[str, Edge] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for target, edge in sorted(graph[node].items()):
+                if target not in component:
+                    continue
+                if target == start:
+                    path = [edge]
+                    while path[0].source != start:
+                        path.insert(0, parent[path[0].source])
+                    return path
+                if target not in parent:
+                    parent[target] = edge
+                    nxt.append(target)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")
+
+
+def layer_violations(edges: list[Edge], forbidden=FORBIDDEN) -> list[Edge]:
+    """Edges from a package to one it must not import."""
+    return [e for e in edges
+            if e.target.split(".")[0] in forbidden.get(e.source.split(".")[0], ())]
+
+
+def private_imports(edges: list[Edge]) -> list[tuple[Edge, str]]:
+    """`from other_module import _name` (dunder names such as __version__ are public)."""
+    return [(e, n) for e in edges for n in e.names
+            if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]
+
+
+def describe_cycle(cycle: list[Edge]) -> str:
+    chain = " -> ".join([cycle[0].source, *(e.target for e in cycle)])
+    return f"{chain}  ({', '.join(e.where for e in cycle)})"
+
+
+# ------------------------------------------------------------------ the project's own tree
+
+@pytest.fixture(scope="module")
+def edges() -> list[Edge]:
+    return import_edges(ROOT)
+
+
+def test_the_checker_reads_the_project(edges):
+    """Guards the tests below against passing on an empty graph (a wrong ROOT, say)."""
+    modules = modules_of(ROOT)
+    assert {"zoo.block", "budgets.metrics", "train.cli"} <= set(modules)
+    assert any(e.source == "zoo.block" and e.target == "budgets" for e in edges)
+
+
+def test_no_import_cycles(edges):
+    cycles = find_cycles(edges)
+    if cycles:
+        pytest.fail("import cycles (an import inside a function counts):\n  "
+                    + "\n  ".join(describe_cycle(c) for c in cycles), pytrace=False)
+
+
+def test_budgets_imports_neither_zoo_nor_train(edges):
+    bad = [e for e in layer_violations(edges) if e.source.split(".")[0] == "budgets"]
+    if bad:
+        pytest.fail("budgets is the leaf and must not import zoo or train:\n  "
+                    + "\n  ".join(f"{e.where}: {e.source} imports {e.target}" for e in bad),
+                    pytrace=False)
+
+
+def test_zoo_does_not_import_train(edges):
+    bad = [e for e in layer_violations(edges) if e.source.split(".")[0] == "zoo"]
+    if bad:
+        pytest.fail("zoo must not import train:\n  "
+                    + "\n  ".join(f"{e.where}: {e.source} imports {e.target}" for e in bad),
+                    pytrace=False)
+
+
+def test_no_private_names_imported_across_modules(edges):
+    bad = private_imports(edges)
+    if bad:
+        pytest.fail("private names imported from another module (make them public, or keep "
+                    "them in the module that uses them):\n  "
+                    + "\n  ".join(f"{e.where}: {e.source} imports {n} from {e.target}"
+                                   for e, n in bad), pytrace=False)
+
+
+# ------------------------------------------------------------------ the checker itself
+
+def plant(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for package in PACKAGES:  # every package exists, if only as an empty one
+        (root / package).mkdir(exist_ok=True)
+        (root / package / "__init__.py").touch()
+    return root
+
+
+CLEAN = {
+    "budgets/__init__.py": "from .metrics import rank_metrics\n",
+    "budgets/metrics.py": "import torch\nfrom torch._C import _private_to_torch\n\n"
+                          "def _helper():\n    pass\n\ndef rank_metrics():\n    _helper()\n",
+    "zoo/__init__.py": "from . import softmax\nfrom .block import Block\n",
+    "zoo/block.py": "from budgets import rank_metrics\n\nclass Block:\n    pass\n",
+    "zoo/softmax.py": "from .block import Block\nfrom .ops.attention import kernel\n",
+    "zoo/ops/__init__.py": "",
+    "zoo/ops/attention/__init__.py": "from .reference import kernel\n",
+    "zoo/ops/attention/reference.py": "from ..registry import Backend\n\n"
+                                      "def kernel():\n    pass\n",
+    "zoo/ops/registry.py": "class Backend:\n    pass\n",
+    "train/__init__.py": "__version__ = '0'\n",
+    "train/cli.py": "import zoo\nfrom budgets.metrics import rank_metrics\n"
+                    "from . import __version__\n\ndef main():\n    from .run import fit\n",
+    "train/run.py": "import zoo.ops.registry\nfrom zoo import Block\n\ndef fit():\n    pass\n",
+}
+
+
+def test_checker_passes_a_clean_tree(tmp_path):
+    edges = import_edges(plant(tmp_path, CLEAN))
+    pairs = {(e.source, e.target) for e in edges}
+    assert {("zoo", "zoo.softmax"), ("zoo.ops.attention.reference", "zoo.ops.registry"),
+            ("train.cli", "train.run"), ("train.run", "zoo.ops.registry"),
+            ("train.cli", "budgets.metrics")} <= pairs  # relative, nested, in a function
+    assert not find_cycles(edges)
+    assert not layer_violations(edges)
+    assert not private_imports(edges)  # torch's private names are torch's business
+
+
+def test_checker_finds_a_planted_cycle(tmp_path):
+    files = {**CLEAN, "train/run.py": CLEAN["train/run.py"] + "\ndef report():\n"
+                                                            "    from .cli import main\n"}
+    cycles = find_cycles(import_edges(plant(tmp_path, files)))
+    assert [describe_cycle(c) for c in cycles] == [
+        "train.cli -> train.run -> train.cli  (train/cli.py:6, train/run.py:8)"]
+
+
+def test_checker_finds_a_longer_cycle_through_subpackages(tmp_path):
+    files = {**CLEAN, "zoo/ops/registry.py": "from ..softmax import Block\n"}
+    (cycle,) = find_cycles(import_edges(plant(tmp_path, files)))
+    assert describe_cycle(cycle).startswith(
+        "zoo.ops.attention -> zoo.ops.attention.reference -> zoo.ops.registry -> zoo.softmax"
+        " -> zoo.ops.attention  (")
+
+
+def test_checker_finds_a_planted_budgets_to_zoo_import(tmp_path):
+    files = {**CLEAN, "budgets/probes.py": "def probe():\n    import zoo.block\n",
+             "budgets/report.py": "from train.cli import main\n"}
+    bad = layer_violations(import_edges(plant(tmp_path, files)))
+    assert sorted((e.where, e.target) for e in bad) == [
+        ("budgets/probes.py:2", "zoo.block"), ("budgets/report.py:1", "train.cli")]
+
+
+def test_checker_finds_zoo_importing_train(tmp_path):
+    files = {**CLEAN, "zoo/softmax.py": CLEAN["zoo/softmax.py"] + "from train import cli\n"}
+    bad = layer_violations(import_edges(plant(tmp_path, files)))
+    assert [(e.source, e.target, e.where) for e in bad] == [
+        ("zoo.softmax", "train.cli", "zoo/softmax.py:3")]
+
+
+def test_checker_finds_a_planted_private_import(tmp_path):
+    files = {**CLEAN, "budgets/probes.py": "from .metrics import _helper, rank_metrics\n",
+             "train/plots.py": "def f():\n    from zoo.ops.registry import Backend, _cache\n"}
+    bad = private_imports(import_edges(plant(tmp_path, files)))
+    assert sorted((e.where, e.target, n) for e, n in bad) == [
+        ("budgets/probes.py:1", "budgets.metrics", "_helper"),
+        ("train/plots.py:2", "zoo.ops.registry", "_cache")]

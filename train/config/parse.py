@@ -1,0 +1,226 @@
+"""From a nested dict (a YAML experiment) to a validated Experiment.
+
+Parsing order: the top-level keys and the plain sections; each variant's block config,
+built without weights so that a bad value fails before any training; matching (state,
+then params); the sweep's expansion into one Variant per grid point; last the finetune
+section, which is checked against everything parsed before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import fields
+from typing import Any
+
+import zoo
+from zoo.config import require, unknown_key_error
+
+from ..plan import matched_states, matched_widths
+from .experiment import SECTIONS, Experiment, Variant
+from .finetune import FINETUNE_KEYS, FinetuneConfig, lora_name
+from .sections import DataConfig, TrainConfig, check_data_keys, parse_section
+from .sweep import SweepConfig, run_name
+from .targets import linear_names, variant_targets
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+TOP_LEVEL = ["name", "seed", *SECTIONS, "block_defaults", "variants", "sweep", "finetune"]
+
+
+def parse_experiment(raw: Any, source: str = "<config>") -> Experiment:
+    """Build a validated Experiment from a nested dict; errors are prefixed by `source`."""
+    try:
+        exp = parse_body(raw)
+        if raw.get("finetune") is not None:  # checked against the variants parsed above
+            exp = dataclasses.replace(exp, finetune=parse_finetune(raw["finetune"], exp))
+        return exp
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def parse_body(raw: Any) -> Experiment:
+    """Everything but the finetune section."""
+    check_top_level(raw)
+    sections = {s: parse_section(raw.get(s), cls, s) for s, cls in SECTIONS.items()}
+    defaults = raw.get("block_defaults") or {}
+    require(isinstance(defaults, dict), f"block_defaults must be a mapping, got {defaults!r}")
+    variants = parse_variants(raw.get("variants"), defaults, sections["model"].d_model)
+    # state first: the matched knob changes the block's parameters, which params then match
+    state = match_states(sections, variants) if sections["match"].state else {}
+    d_mlp = match_widths(sections, variants, state) if sections["match"].params else {}
+    sweep = None
+    if raw.get("sweep") is not None:
+        sweep = parse_section(raw["sweep"], SweepConfig, "sweep")
+        variants, d_mlp = expand_sweep(sweep, variants, d_mlp)
+        state = {run: state[v.base] for run, v in variants.items() if v.base in state}
+    return Experiment(name=raw["name"], seed=raw.get("seed", 0), variants=variants,
+                      block_defaults=dict(defaults), d_mlp=d_mlp, state=state, sweep=sweep,
+                      **sections)
+
+
+def check_top_level(raw: Any) -> None:
+    """A mapping of known keys, with a name fit for a directory and a usable seed."""
+    require(isinstance(raw, dict),
+            f"an experiment must be a mapping, got {type(raw).__name__}")
+    for key in raw:
+        if key not in TOP_LEVEL:
+            raise unknown_key_error("experiment", str(key), TOP_LEVEL)
+    name = raw.get("name")
+    require(isinstance(name, str) and bool(NAME_RE.match(name)),
+            f"name must be letters, digits, '_', '.' or '-' (it names the run directory), "
+            f"got {name!r}")
+    seed = raw.get("seed", 0)
+    require(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
+            f"seed must be a non-negative int, got {seed!r}")
+
+
+# ---------------------------------------------------------------- variants
+
+def parse_variants(raw: Any, defaults: dict[str, Any], d_model: int) -> dict[str, Variant]:
+    require(isinstance(raw, dict) and bool(raw),
+            "variants must be a non-empty mapping of name -> {block: ..., ...}")
+    return {n: parse_variant(n, v, defaults, d_model) for n, v in raw.items()}
+
+
+def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -> Variant:
+    """One variant, its block config built (without weights) to validate every value."""
+    where = f"variants.{name}"
+    require(isinstance(name, str) and bool(NAME_RE.match(name)),
+            f"variant name {name!r} must be letters, digits, '_', '.' or '-' (it names a "
+            "directory)")
+    require(isinstance(raw, dict),
+            f"{where} must be a mapping with at least 'block', got {raw!r}")
+    raw = dict(raw)
+    block = raw.pop("block", None)
+    require(block is not None, f"{where}.block is missing; one of {zoo.names()}")
+    try:
+        cls = zoo.block_class(block)
+    except ValueError as e:
+        raise ValueError(f"{where}.block: {e}") from None
+    kwargs = {**defaults, **raw}
+    require("d_model" not in kwargs,
+            f"{where}: set model.d_model ({d_model}), not the block's d_model")
+    check_block_keys(cls, block, kwargs, where, raw)
+    try:
+        cls.Config.from_dict(kwargs, d_model=d_model)  # validates every value
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    return Variant(name, block, kwargs)
+
+
+def check_block_keys(cls: type, block: str, kwargs: dict[str, Any], where: str,
+                     own: dict[str, Any]) -> None:
+    """Unknown block keys, named where they were written: the variant or block_defaults."""
+    known = [f.name for f in fields(cls.Config) if f.init]
+    for key in kwargs:
+        if key not in known:
+            owner = where if key in own else "block_defaults"
+            raise unknown_key_error(f"{block} block", f"{owner}.{key}",
+                                    [f"{owner}.{k}" for k in known])
+
+
+def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
+                 d_mlp: dict[str, int]) -> tuple[dict[str, Variant], dict[str, int]]:
+    """One Variant per variant x grid point, each keeping its variant's matched width."""
+    names = [run_name("", p) for p in sweep.points()]
+    require(len(set(names)) == len(names),
+            f"sweep: two grid points share a run name (lr values equal to 6 significant "
+            f"digits?): {sorted(n for n in names if names.count(n) > 1)}")
+    runs: dict[str, Variant] = {}
+    for v in variants.values():
+        for point in sweep.points():
+            name = run_name(v.name, point)
+            require(name not in runs and (name not in variants or name == v.name),
+                    f"sweep: run name {name!r} is taken twice; rename variant {v.name!r}")
+            runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point)
+    widths = {run: d_mlp[r.base] for run, r in runs.items() if r.base in d_mlp}
+    return runs, widths
+
+
+def match_states(sections: dict[str, Any],
+                 variants: dict[str, Variant]) -> dict[str, dict[str, int]]:
+    return matched_states({n: (v.block, v.block_kwargs) for n, v in variants.items()},
+                          sections["model"].d_model, sections["model"].n_layers,
+                          sections["data"].seq_len, sections["match"].tolerance)
+
+
+def match_widths(sections: dict[str, Any], variants: dict[str, Variant],
+                 state: dict[str, dict[str, int]]) -> dict[str, int]:
+    data, model = sections["data"], sections["model"]
+    sizes = {**model.to_dict(), "vocab_size": data.vocab_size, "seq_len": data.seq_len}
+    blocks = {n: (v.block, {**v.block_kwargs, **state.get(n, {})}) for n, v in variants.items()}
+    return matched_widths(sizes, blocks, sections["match"].tolerance)
+
+
+# ---------------------------------------------------------------- the finetune section
+
+def parse_finetune(raw: Any, exp: Experiment) -> FinetuneConfig:
+    """The `finetune` section of `exp`, validated, including against the experiment."""
+    require(isinstance(raw, dict), f"finetune must be a mapping of keys to values, got {raw!r}")
+    for key in raw:
+        if key not in FINETUNE_KEYS:
+            raise unknown_key_error("experiment", f"finetune.{key}",
+                                    [f"finetune.{k}" for k in FINETUNE_KEYS])
+    ft = FinetuneConfig(**{**raw, "data": finetune_data(raw.get("data")),
+                           "train": finetune_train(raw.get("train"), exp.train)})
+    check_finetune(dataclasses.replace(exp, finetune=ft))
+    return ft
+
+
+def under_finetune(e: ValueError, section: str) -> ValueError:
+    """An error of the data or train section, named under finetune."""
+    msg = str(e)
+    return ValueError(f"finetune.{msg}" if msg.startswith(section + ".")
+                      else f"finetune.{section}: {msg}")
+
+
+def finetune_data(raw: Any) -> DataConfig:
+    require(raw is not None, "finetune.data is missing: the second task's data section "
+                             "(e.g. {task: mqar, permute_seed: 1})")
+    try:
+        if isinstance(raw, dict):  # first: a key of another task is named as such
+            check_data_keys(raw)
+        return parse_section(raw, DataConfig, "data")
+    except ValueError as e:
+        raise under_finetune(e, "data") from None
+
+
+def finetune_train(raw: Any, base: TrainConfig) -> dict:
+    """The overrides of the train section, checked merged onto the experiment's."""
+    overrides = dict(raw or {}) if isinstance(raw, dict) or raw is None else raw
+    try:
+        parse_section(overrides, TrainConfig, "train")  # unknown keys, types
+        TrainConfig(**{**base.to_dict(), **overrides})  # the merged values
+    except ValueError as e:
+        raise under_finetune(e, "train") from None
+    return overrides
+
+
+def check_finetune(exp: Experiment) -> None:
+    """What the section can only be checked on against the experiment."""
+    ft, base = exp.finetune, exp.data
+    # the best run of a sweep is chosen on rank zero from the written reports; other ranks
+    # of a distributed run could not know it
+    require(exp.sweep is None or exp.train.devices in (1, "1"),
+            f"finetune after a sweep runs on one device, got train.devices "
+            f"{exp.train.devices!r}")
+    unknown = [v for v in ft.from_variants or () if v not in exp.base_variants()]
+    require(not unknown, f"finetune.from_variants {unknown} are not variants of this "
+                         f"experiment: {list(exp.base_variants())}")
+    require(ft.data.vocab_size <= base.vocab_size,
+            f"finetune.data.vocab_size ({ft.data.vocab_size}) exceeds the pretrained "
+            f"models' embedding (data.vocab_size {base.vocab_size})")
+    require(ft.data.seq_len <= base.seq_len,
+            f"finetune.data.seq_len ({ft.data.seq_len}) exceeds the pretrained "
+            f"models' max length (data.seq_len {base.seq_len})")
+    for variant in exp.finetune_variants():
+        check_finetune_variant(exp, variant)
+
+
+def check_finetune_variant(exp: Experiment, variant: str) -> None:
+    ft = exp.finetune
+    clash = [lora_name(variant, r) for r in ft.ranks if lora_name(variant, r) in exp.variants]
+    require(not clash, f"finetune: directory names {clash} are taken by variants")
+    if not variant_targets(exp, variant, ft.targets):  # only then are the names listed
+        raise ValueError(f"finetune.targets {ft.targets} match no nn.Linear of variant "
+                         f"{variant!r}; its Linear names: {linear_names(exp, variant)}")

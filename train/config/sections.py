@@ -1,0 +1,230 @@
+"""The experiment's plain sections: data, model, train, monitor, match.
+
+Each is a zoo.config.StrictConfig (types checked from the annotations, then `validate`
+names bad values); `parse_section` builds one from its YAML mapping, naming unknown keys
+with the section's prefix (`data.vocab_sise` -> did you mean `data.vocab_size`?).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from zoo.config import StrictConfig, require, unknown_key_error
+
+from ..data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
+from ..model import NORMS
+
+OPTIMIZERS = ("adamw", "muon", "lion")
+
+
+def greater_than_zero(section: str, **values: Any) -> None:
+    """Each value > 0 (None skipped: an optional field left unset)."""
+    for name, value in values.items():
+        require(value is None or value > 0, f"{section}.{name} must be > 0, got {value!r}")
+
+
+# Keys every task reads, then each task's own: a key another task reads is rejected, so
+# a config never carries a setting that silently does nothing.
+COMMON_DATA_KEYS = ("task", "seq_len", "train_size", "val_size", "batch_size")
+TASK_KEYS = {
+    "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs",
+             "permute_seed"),
+    "markov": ("vocab_size", "rank", "temperature"),
+    "text": ("paths", "max_bytes", "val_fraction", "pattern"),
+}
+TASKS = tuple(TASK_KEYS)
+DEFAULT_VOCAB = {"mqar": 128, "markov": 64, "text": BYTE_VOCAB}
+
+
+@dataclass(frozen=True)
+class DataConfig(StrictConfig):
+    owner: ClassVar[str] = "data"
+
+    task: str = "mqar"
+    vocab_size: int | None = None  # mqar 128, markov 64; text is bytes (256, not settable)
+    seq_len: int = 64
+    num_kv_pairs: int = 8
+    train_size: int = 20000
+    val_size: int = 512
+    batch_size: int = 64
+    power_a: float = 0.01  # MQAR's query gap distribution: p(gap) ~ gap^(power_a - 1)
+    random_non_queries: bool = True
+    val_kv_pairs: list | None = None  # mqar: pair counts mixed in validation (num_kv_pairs)
+    permute_seed: int | None = None  # mqar: relabel tokens by a seeded permutation (new vocab)
+    rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
+    temperature: float = 1.0  # markov: logits are (A B^T) / temperature
+    paths: list | None = None  # text: files, directories, globs, or "stdlib"
+    max_bytes: int = 2_000_000  # text: read at most this many bytes in all
+    val_fraction: float = 0.1  # text: the last fraction of the bytes is validation
+    pattern: str = "*"  # text: files taken from a named directory
+
+    def validate(self) -> None:
+        require(self.task in TASKS, f"data.task must be one of {list(TASKS)}, got {self.task!r}")
+        if self.vocab_size is None:  # frozen: the task's default is resolved once, here
+            object.__setattr__(self, "vocab_size", DEFAULT_VOCAB[self.task])
+        greater_than_zero("data", train_size=self.train_size, val_size=self.val_size,
+                          batch_size=self.batch_size, seq_len=self.seq_len)
+        self.spec()  # names the bad values
+        pairs = self.val_kv_pairs if self.task == "mqar" else None
+        require(pairs is None or self.val_size >= len(pairs),
+                f"data.val_size ({self.val_size}) must be >= the number of "
+                f"data.val_kv_pairs values ({pairs})")
+
+    def spec(self) -> MQARSpec | MarkovSpec | TextSpec:
+        """The task's own validated spec (MQARSpec, MarkovSpec or TextSpec)."""
+        if self.task == "markov":
+            return MarkovSpec(self.vocab_size, self.seq_len, self.rank, self.temperature)
+        if self.task == "text":
+            return TextSpec(tuple(self.paths or ()), self.seq_len, self.max_bytes,
+                            self.val_fraction, self.pattern)
+        return self.mqar_spec()
+
+    def mqar_spec(self) -> MQARSpec:
+        pairs = self.val_kv_pairs
+        return MQARSpec(self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a,
+                        self.random_non_queries,
+                        tuple(pairs) if isinstance(pairs, list) else pairs,
+                        self.permute_seed)
+
+    @property
+    def intrinsic_rank(self) -> int | None:
+        """The rank of the data's next-token logits when it is known (markov), else None."""
+        return self.rank if self.task == "markov" else None
+
+    @property
+    def chance_accuracy(self) -> float:
+        if self.task == "mqar":
+            return self.mqar_spec().chance_accuracy
+        return 1.0 / self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the keys this task reads (so a resolved config loads back)."""
+        keys = (*COMMON_DATA_KEYS, *TASK_KEYS[self.task])
+        out = {k: getattr(self, k) for k in keys}
+        for key in ("val_kv_pairs", "permute_seed"):
+            if out.get(key, 0) is None:  # unset: resolved configs stay as they were
+                del out[key]
+        return out
+
+
+def check_data_keys(raw: dict[str, Any]) -> None:
+    """Reject keys that exist but belong to another task, naming the task's keys."""
+    task = raw.get("task", "mqar")
+    if task not in TASK_KEYS:
+        return  # DataConfig.validate names the bad task
+    allowed = [*COMMON_DATA_KEYS, *TASK_KEYS[task]]
+    for key in raw:
+        if key not in allowed:
+            raise unknown_key_error(f"{task} data", f"data.{key}",
+                                    [f"data.{k}" for k in allowed])
+
+
+@dataclass(frozen=True)
+class MatchConfig(StrictConfig):
+    """Matching against the first (reference) variant, each within `tolerance`:
+    state: size each variant's state knob (train/plan.py STATE_KNOBS: n_kv_heads, window,
+    feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements per sequence at
+    data.seq_len match; the matched value overrides one written in the variant.
+    params: then size each variant's MLP so its total parameter count matches."""
+
+    owner: ClassVar[str] = "match"
+
+    params: bool = False
+    state: bool = False
+    tolerance: float = 0.05
+
+    def validate(self) -> None:
+        require(0 < self.tolerance < 1,
+                f"match.tolerance must be in (0, 1), got {self.tolerance!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig(StrictConfig):
+    owner: ClassVar[str] = "model"
+
+    d_model: int = 64
+    n_layers: int = 2
+    mlp_ratio: float = 4.0
+    d_mlp: int | None = None  # overrides mlp_ratio when set
+    norm: str = "rmsnorm"
+    tie_embeddings: bool = False
+
+    def validate(self) -> None:
+        greater_than_zero("model", d_model=self.d_model, n_layers=self.n_layers,
+                          mlp_ratio=self.mlp_ratio, d_mlp=self.d_mlp)
+        require(self.norm in NORMS, f"model.norm must be one of {list(NORMS)}, got {self.norm!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(StrictConfig):
+    owner: ClassVar[str] = "train"
+
+    max_steps: int = 600
+    optimizer: str = "adamw"  # adamw | muon (hidden matrices; AdamW on the rest) | lion
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.98
+    warmup_steps: int = 50
+    grad_clip: float | None = 1.0
+    precision: str = "32-true"
+    accelerator: str = "cpu"
+    devices: int | str = 1
+    strategy: str = "auto"
+    val_every_n_steps: int = 100
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 100
+
+    def validate(self) -> None:
+        require(self.optimizer in OPTIMIZERS, f"train.optimizer must be one of "
+                                              f"{list(OPTIMIZERS)}, got {self.optimizer!r}")
+        greater_than_zero("train", max_steps=self.max_steps, lr=self.lr, grad_clip=self.grad_clip,
+                          val_every_n_steps=self.val_every_n_steps,
+                          log_every_n_steps=self.log_every_n_steps,
+                          checkpoint_every_n_steps=self.checkpoint_every_n_steps)
+        require(self.warmup_steps >= 0,
+                f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        require(self.weight_decay >= 0,
+                f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        require(0 <= self.min_lr_ratio <= 1,
+                f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            require(0 <= value < 1, f"train.{name} must be in [0, 1), got {value}")
+
+
+@dataclass(frozen=True)
+class MonitorConfig(StrictConfig):
+    owner: ClassVar[str] = "monitor"
+
+    every_n_steps: int = 100
+    eps: float = 0.1
+    probe_size: int = 8  # validation examples in the fixed probe batch
+    histograms: bool = True
+
+    def validate(self) -> None:
+        greater_than_zero("monitor", every_n_steps=self.every_n_steps,
+                          probe_size=self.probe_size)
+        require(0 < self.eps < 1, f"monitor.eps must be in (0, 1), got {self.eps}")
+
+
+def parse_section(raw: Any, cls: type[StrictConfig], section: str) -> StrictConfig:
+    """One section from its YAML mapping (None: all defaults); unknown keys are named as
+    `section.key`, with a suggestion when one is close."""
+    if raw is None:
+        raw = {}
+    require(isinstance(raw, dict),
+            f"{section} must be a mapping of keys to values, got {raw!r}")
+    known = [f.name for f in fields(cls) if f.init]
+    for key in raw:
+        if key not in known:
+            raise unknown_key_error("experiment", f"{section}.{key}",
+                                    [f"{section}.{k}" for k in known])
+    if cls is DataConfig:
+        check_data_keys(raw)
+    try:
+        return cls(**raw)
+    except TypeError as e:  # e.g. a missing required field
+        raise ValueError(f"{section}: {e}") from e
