@@ -9,15 +9,21 @@ train/render.py).
 
 from .adapters import adapter_ranks, lowrank_singular_values
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
+from .matfree import AttentionMixing, FactoredMixing, operator_metrics
 from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
-from .probes import is_probeable, probe_model, probeable_blocks
+from .probes import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
 from .report import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
+from .spectra import product_spectrum, spectrum
 from .verdicts import VERDICTS, VerdictThresholds, annotate
 
 __all__ = [
     "AXES",
     "AXIS_OF_QUANTITY",
+    "AttentionMixing",
+    "FactoredMixing",
+    "MATFREE_FROM",
     "METRICS",
+    "ProbeProgress",
     "REPORT_SCHEMA_VERSION",
     "RankBudget",
     "VERDICTS",
@@ -28,11 +34,14 @@ __all__ = [
     "build_report",
     "is_probeable",
     "load_report",
+    "operator_metrics",
     "lowrank_singular_values",
     "probe_model",
     "probeable_blocks",
+    "product_spectrum",
     "rank_metrics",
     "singular_values",
+    "spectrum",
     "spectrum_metrics",
     "to_json",
 ]

@@ -41,10 +41,11 @@ from torch import nn
 
 from .adapters import lowrank_singular_values
 from .hf_layouts import EXTRACTORS, AttnWeights, Geometry, declared_budget, layout_of, window_of
-from .matfree import AttentionMixing
+from .matfree import K_MAX, AttentionMixing
 from .metrics import check_eps
 from .probes import (
     MATFREE_FROM,
+    ProbeProgress,
     add_adapters,
     final_hidden_metrics,
     measure,
@@ -57,21 +58,6 @@ from .report import build_report
 ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
 # the name the matrix-free probe registers its attention function under in transformers
 MATFREE_ATTENTION = "rankzoo_matfree"
-
-
-@dataclass(frozen=True)
-class ProbeProgress:
-    """Where a probe stands, given to its `progress` callback after each measured layer."""
-
-    layer: int  # the layer just measured (index into the model's layers)
-    done: int  # layers measured so far
-    total: int  # layers this probe measures
-    elapsed: float  # seconds since the probe started (the forward pass included)
-
-    @property
-    def eta(self) -> float:
-        """Seconds left, at the mean pace so far."""
-        return self.elapsed / self.done * (self.total - self.done)
 
 
 def _kv_pairs(out) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -126,7 +112,7 @@ class _Probe:
     eps: float
     asked: list[int] | None = None  # layer indices to measure; None: all
     with_spectra: bool = False
-    k_max: int = 256
+    k_max: int = K_MAX
     progress: Callable[[ProbeProgress], None] | None = None
     layers: dict[int, dict] = field(default_factory=dict)
 
@@ -346,7 +332,7 @@ def _probe_matfree(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: bool = False,
                    *, layers: list[int] | None = None, matfree_from: int | None = MATFREE_FROM,
-                   k_max: int = 256, progress: Callable[[ProbeProgress], None] | None = None
+                   k_max: int = K_MAX, progress: Callable[[ProbeProgress], None] | None = None
                    ) -> tuple[dict, float]:
     """(probe in probe_model's format, mean next-token loss) of a loaded HF model on ids [B, T].
 

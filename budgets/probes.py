@@ -16,6 +16,10 @@ reads lower rank).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -27,6 +31,22 @@ from .metrics import check_eps, singular_values, spectrum_metrics
 # that offer `mixing_operator(x)`: a [B, H, T, T] tensor at T = 2048 is 16 MiB per head and
 # its exact spectra cost T^3 each. Override with probe_model(..., matfree_from=...).
 MATFREE_FROM = 2048
+
+
+@dataclass(frozen=True)
+class ProbeProgress:
+    """Where a probe stands, given to its `progress` callback after each measured layer."""
+
+    layer: int  # the layer just measured (index into the model's layers)
+    done: int  # layers measured so far
+    total: int  # layers this probe measures
+    elapsed: float  # seconds since the probe started (the forward pass included)
+
+    @property
+    def eta(self) -> float:
+        """Seconds left, at the mean pace so far."""
+        return self.elapsed / self.done * (self.total - self.done)
+
 
 PROBE_METHODS = ("budget", "mixing_matrices", "weight_matrices", "init_cache", "inference_state")
 
@@ -111,7 +131,9 @@ def _mixing_quantities(block, x: torch.Tensor, eps: float, matfree_from: int | N
                        k_max: int) -> dict:
     if (matfree_from is not None and x.shape[1] >= matfree_from
             and callable(getattr(block, "mixing_operator", None))):
-        return measure_mixing_matfree(block.mixing_operator(x), eps, k_max)
+        mixing = block.mixing_operator(x)
+        if mixing is not None:  # else the block has no matrix-free form (MoE's routing)
+            return measure_mixing_matfree(mixing, eps, k_max)
     P = block.mixing_matrices(x)
     B, T = x.shape[0], x.shape[1]
     if P.dim() != 4 or P.shape[0] != B or P.shape[-2:] != (T, T):
@@ -210,7 +232,8 @@ def add_adapters(layer: dict, module: nn.Module, eps: float) -> None:
 
 
 def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = False,
-                matfree_from: int | None = MATFREE_FROM, k_max: int = K_MAX) -> dict:
+                matfree_from: int | None = MATFREE_FROM, k_max: int = K_MAX,
+                progress: Callable[[ProbeProgress], None] | None = None) -> dict:
     """Realized ranks of every probeable block of `model` on `batch` (see module docstring).
 
     Returns {"seq_len": T, "eps": eps, "layers": [{"layer", "name", "block", "budget",
@@ -219,13 +242,15 @@ def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = 
     The model runs in eval mode under no_grad; every module's training flag is restored.
     From T >= matfree_from (None: never) blocks with `mixing_operator(x)` are measured
     matrix-free (measure_mixing_matfree; rank_eps decided up to k_max values) and the probe
-    says so in "matfree": {"from": matfree_from, "k_max": k_max}.
+    says so in "matfree": {"from": matfree_from, "k_max": k_max}. `progress` is called
+    with a ProbeProgress after each block.
     """
     check_eps(eps)  # before the forward pass, so a bad eps costs nothing
     blocks = probeable_blocks(model)
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no probeable blocks (submodules with "
                          f"{', '.join(PROBE_METHODS)})")
+    start = time.perf_counter()
     modes = {m: m.training for m in model.modules()}
     model.eval()  # no dropout: the probe must measure the deterministic function
     try:
@@ -235,6 +260,8 @@ def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = 
             for i, (name, block) in enumerate(blocks):
                 layer = {"layer": i, **_probe_block(name, block, inputs[name], eps,
                                                     matfree_from, k_max)}
+                if progress is not None:
+                    progress(ProbeProgress(i, i + 1, len(blocks), time.perf_counter() - start))
                 if not with_spectra:
                     del layer["spectra"]
                 layers.append(layer)

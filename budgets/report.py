@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget
+from .schema import ANY, Choice, Int, ListOf, MapOf, Maybe, Number, Record, check, read_json
 from .verdicts import VerdictThresholds, annotate
 
 REPORT_SCHEMA = "rankzoo.report"
@@ -124,17 +125,53 @@ def to_json(report: dict) -> str:
     return json.dumps(report, indent=2, allow_nan=False)
 
 
+# ---------------------------------------------------------------- reading back
+
+# The shapes the readers rely on (budgets/schema.py): what build_report writes, what the
+# probe records of ranks.jsonl hold. Keys added later are optional, so older files load.
+BUDGET = Record({"block": str, **{k: Int(0) for k in ("seq_len", "n_heads", *AXES[:3],
+                                                       "inference")}},
+                {k: Int(0) for k in ("adapter", "params", "cache_elements", "flops_per_token")},
+                closed=True)  # RankBudget.from_dict takes exactly these
+AXIS_ROW = Record({"axis": Choice(AXES), "quantity": str, "declared": Int(0),
+                   "realized_mean": Maybe(float), "realized_max": Maybe(float),
+                   "utilization": Maybe(float), "per_head": ListOf(Maybe(float))},
+                  {"lower_bound": bool, "verdict": Maybe(str)})
+REPORT_LAYER = Record({"layer": Int(0), "block": str, "axes": ListOf(AXIS_ROW),
+                       "mixing_centered_erank": Maybe(float)},
+                      {"name": str, "hidden_centered_erank": Maybe(float), "collapsed": bool})
+REPORT_VARIANT = Record({"variant": str, "step": Int(0), "params": Int(0),
+                         "metrics": MapOf(float), "seq_len": Int(1), "eps": float,
+                         "budget_total": Int(0), "layers": ListOf(REPORT_LAYER)},
+                        {"final_hidden_centered_erank": Maybe(float)})
+REPORT = Record({"schema": str, "version": int, "variants": ListOf(REPORT_VARIANT, min_len=1)},
+                {"experiment": str, "advice": list, "thresholds": dict})
+
+# One probe record: a line of ranks.jsonl ({"step": ..., **probe_model(...)}). Only the
+# metrics the report and the figures read are checked; rank_eps counts are finite, an
+# erank is null where the matrix-free probe could not decide it.
+ADAPTER_ROW = Record({"module": str, "adapter": str, "declared": Int(0),
+                      "metrics": Record({"rank_eps": float},
+                                        {"erank": float, "numerical_rank": float})})
+QUANTITY = Record({}, {"rank_eps": ListOf(float), "erank": ListOf(Maybe(float))})
+PROBE_LAYER = Record({"layer": Int(0), "block": str, "budget": BUDGET,
+                      "quantities": MapOf(QUANTITY)},
+                     {"name": str, "adapters": ListOf(ADAPTER_ROW),
+                      "spectra": MapOf(ListOf(ListOf(Number(finite=False)), min_len=1))})
+RANK_RECORD = Record({"step": Int(0), "seq_len": Int(1), "eps": float,
+                      "layers": ListOf(PROBE_LAYER)},
+                     {"final_hidden": Record({}, {"erank": Maybe(float)}), "matfree": ANY})
+
+
 def load_report(path) -> dict:
-    """Read a report written by to_json, checking its schema and version."""
+    """Read a report written by to_json, checking its schema, version and every field the
+    readers use; a bad file is a ValueError naming it (and the line, for bad JSON)."""
     path = Path(path)
-    try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a JSON document ({e})") from e
+    report = read_json(path)
     schema = report.get("schema") if isinstance(report, dict) else None
     if schema != REPORT_SCHEMA:
         raise ValueError(f"{path}: expected schema {REPORT_SCHEMA!r}, got {schema!r}")
     if report.get("version") != REPORT_SCHEMA_VERSION:
         raise ValueError(f"{path}: report version {report.get('version')!r} is not supported "
                          f"(this rankzoo reads version {REPORT_SCHEMA_VERSION})")
-    return report
+    return check(report, REPORT, str(path))

@@ -127,7 +127,7 @@ HF_PROBE_OPTIONS = {  # dest -> (metavar, help)
     "layers": ("LIST", "measure only these layers, e.g. 0,5,10-12 (all)"),
     "matfree_from": ("T", "from this probe length on, measure attention matrix-free, never "
                           "forming a T x T matrix (2048); 'never': always exactly"),
-    "k_max": ("K", "matrix-free: the most singular values sought per head (256)"),
+    "k_max": ("K", "matrix-free: the most singular values sought per head (64)"),
 }
 
 
@@ -370,7 +370,7 @@ def _probe_hf(args) -> tuple[str, dict]:
 
 
 def progress_line(p) -> str:
-    """A budgets.hf.ProbeProgress for people: `layer 11 · 12/30 measured · 14.2 s · ETA 21 s`."""
+    """A budgets.ProbeProgress for people: `layer 11 · 12/30 measured · 14.2 s · ETA 21 s`."""
     return (f"layer {p.layer} · {p.done}/{p.total} measured · {p.elapsed:.1f} s · "
             f"ETA {p.eta:.0f} s")
 

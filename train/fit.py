@@ -100,11 +100,13 @@ def is_global_zero() -> bool:
 
 def seeded_data(exp: Experiment, seed: int) -> tuple[DataLoader, DataLoader, torch.Tensor]:
     """Train and validation loaders of exp.data drawn from `seed`, and the monitor's fixed
-    probe batch: the first monitor.probe_size validation examples, tokens [P, T]."""
+    probe batch: the first monitor.probe_size validation examples cut to their first
+    monitor.probe_len tokens, [P, min(T, probe_len)]."""
     data = exp.data
     train_loader, val_loader = make_loaders(data.spec(), data.train_size, data.val_size,
                                             data.batch_size, seed=seed)
-    return train_loader, val_loader, val_loader.dataset.tensors[0][:exp.monitor.probe_size]
+    m = exp.monitor
+    return train_loader, val_loader, val_loader.dataset.tensors[0][:m.probe_size, :m.probe_len]
 
 
 def describe(spec: RunSpec, params: int) -> str:

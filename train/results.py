@@ -14,6 +14,8 @@ from typing import Any
 from rich.table import Table
 
 import budgets
+from budgets.report import RANK_RECORD
+from budgets.schema import check, read_text
 
 from .io import read_yaml
 from .render import to_markdown
@@ -35,19 +37,17 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def rank_records(path: Path) -> list[dict]:
-    """Every record of a ranks.jsonl file, in order; a corrupt line is named by number."""
+    """Every record of a ranks.jsonl file, in order, each checked against the probe
+    record's schema (budgets.report.RANK_RECORD); a corrupt line is named by number."""
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{number}: corrupt rank record ({e})") from None
-        if not isinstance(record, dict) or "step" not in record or "layers" not in record:
-            raise ValueError(f"{path}:{number}: corrupt rank record (expected an object with "
-                             f"'step' and 'layers')")
-        records.append(record)
+            records.append(check(json.loads(line), RANK_RECORD))
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise ValueError(f"{path}:{number}: corrupt rank record ({what})") from None
     if not records:
         raise ValueError(f"{path} holds no rank records")
     return records

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import budgets
 from budgets import RankBudget
 
 from .config import StrictConfig, positive_int
@@ -123,6 +124,16 @@ class Block(nn.Module):
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             return self._mixing_matrices(x.float())
 
+    def mixing_operator(self, x: torch.Tensor
+                        ) -> budgets.AttentionMixing | budgets.FactoredMixing | None:
+        """The mixing matrix in a form that never holds a [T, T] tensor, for long probes
+        (budgets/matfree.py): queries and keys for softmax attention, the past->future
+        block's low-rank factors for linear attention and SSMs; None for a block that has
+        no such form (the probe then materializes mixing_matrices)."""
+        self.check_input(x)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            return self._mixing_operator(x.float())
+
     def weight_matrices(self) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             # detached: an entry may be a parameter itself (`.float()` of an fp32 weight)
@@ -143,6 +154,9 @@ class Block(nn.Module):
 
     def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _mixing_operator(self, x: torch.Tensor) -> Any:
+        return None
 
     def _weight_matrices(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError

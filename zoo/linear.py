@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import budgets
 from budgets import RankBudget
 
 from .block import Block, decode_step_backend, split_heads
@@ -190,6 +191,15 @@ class LinearAttention(Block):
         if self.config.normalize:
             M = M / (M.sum(-1, keepdim=True) + self.config.eps)
         return M
+
+    def _mixing_operator(self, x: torch.Tensor) -> budgets.FactoredMixing:
+        """M[t, s] = phi(q_t) . phi(k_s) / z_t for s <= t, so the past->future block is
+        (phi(q) / z)[h:] @ phi(k)[:h]^T: rank <= F, exact from its factors."""
+        q, k, _ = self.features(x)  # [B, H, T, F]
+        h = x.shape[1] // 2
+        if self.config.normalize:  # z_t = phi(q_t) . sum_{s<=t} phi(k_s) + eps
+            q = q / ((q * k.cumsum(-2)).sum(-1, keepdim=True) + self.config.eps)
+        return budgets.FactoredMixing(q[..., h:, :], k[..., :h, :])
 
     def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config

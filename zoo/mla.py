@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import budgets
 from budgets import RankBudget
 
 from .block import Block, apply_linear
@@ -229,6 +230,10 @@ class MultiHeadLatentAttention(Block):
         """softmax probabilities [B, H, T, T], recomputed on the reference path."""
         q, k, _ = self.project(x)
         return attention_probs(q, k, window=None, scale=self.scale)
+
+    def _mixing_operator(self, x: torch.Tensor) -> budgets.AttentionMixing:
+        q, k, _ = self.project(x)  # [B, H, T, dn + dr] each
+        return budgets.AttentionMixing(q, k, self.scale)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per head [B, H, T, dv]: y = o_proj(P @ value_heads(x))."""

@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+import budgets
 from budgets import RankBudget, attention_budget
 
 from .block import Block, split_heads
@@ -139,6 +140,10 @@ class SoftmaxAttention(Block):
         """softmax probabilities [B, H, T, T], recomputed on the reference path."""
         q, k, _ = self.project(x)
         return attention_probs(q, k, window=self.window, scale=1 / math.sqrt(self.config.k_dim))
+
+    def _mixing_operator(self, x: torch.Tensor) -> budgets.AttentionMixing:
+        q, k, _ = self.project(x)  # [B, H, T, K], [B, G, T, K]
+        return budgets.AttentionMixing(q, k, 1 / math.sqrt(self.config.k_dim), self.window)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per query head [B, H, T, V]: y = o_proj(P @ value_heads(x))."""

@@ -28,12 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import budgets
 from budgets import RankBudget
 
 from .block import Block, apply_linear, decode_step_backend
 from .config import StrictConfig, positive_int, positive_number, require
 from .ops.conv import CONV, ConvSpec
 from .ops.ssd import SSD, SSDSpec, ssd_mixing_matrix
+from .ops.ssd.reference import expand_groups
 from .registry import register
 
 
@@ -214,6 +216,20 @@ class Mamba2(Block):
         """
         _, _, dt, A, B, C, _ = self.project(x)
         return ssd_mixing_matrix(dt, A, B, C)
+
+    def _mixing_operator(self, x: torch.Tensor) -> budgets.FactoredMixing:
+        """For t >= h > s, M[t, s] = C_t exp(cum_t - cum_h') . B_s exp(cum_h' - cum_s) dt_s
+        with cum the running sum of dt A and h' = h - 1: both decays <= 1 (stable), and
+        the past->future block is their product, rank <= N."""
+        _, _, dt, A, B, C, _ = self.project(x)  # dt [B, T, H], B and C [B, T, G, N]
+        H, h = dt.shape[-1], x.shape[1] // 2
+        cum = (dt * A).cumsum(1).transpose(1, 2)  # [B, H, T]
+        Bh = expand_groups(B, H).transpose(1, 2)  # [B, H, T, N]
+        Ch = expand_groups(C, H).transpose(1, 2)
+        split = cum[..., h - 1:h]  # [B, H, 1]
+        L = Ch[..., h:, :] * torch.exp(cum[..., h:] - split).unsqueeze(-1)
+        w = torch.exp(split - cum[..., :h]) * dt.transpose(1, 2)[..., :h]  # [B, H, h]
+        return budgets.FactoredMixing(L, Bh[..., :h, :] * w.unsqueeze(-1))
 
     def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config

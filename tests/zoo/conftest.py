@@ -6,7 +6,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-class _Shapes(TorchDispatchMode):
+class Shapes(TorchDispatchMode):
     """Records the shape of every tensor an op returns: what a path allocates."""
 
     def __init__(self):
@@ -28,7 +28,7 @@ def quadratic_allocations():
 
     def run(block, x):
         T = x.shape[1]
-        with _Shapes() as seen:
+        with Shapes() as seen:
             block(x).sum().backward()
         assert any(T in s for s in seen.shapes)  # the recorder saw the sequence
         return [s for s in seen.shapes if sum(d >= T for d in s) >= 2]

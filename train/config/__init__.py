@@ -21,7 +21,7 @@ loading, so a bad config fails before any training starts.
 Modules, each importing only those above it: sections (data, model, train, monitor,
 match), sweep and finetune (their sections), experiment (Experiment, Variant), targets
 (a variant's LoRA targets), parse (dict -> Experiment), load (YAML and overrides). Of the
-rest of train/, the package reads only the leaf modules data, model, lora and plan.
+rest of train/, the package reads only the leaf modules data, model, lora, plan and io.
 """
 
 from .experiment import SECTIONS, Experiment, Variant

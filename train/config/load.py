@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from budgets.schema import read_text
 from zoo.config import require
 
+from ..io import parse_yaml, yaml_problem
 from .experiment import Experiment
 from .parse import parse_experiment
 
@@ -40,16 +43,46 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         raise FileNotFoundError(f"experiment config {path} is a directory, not a YAML file")
     if not path.is_file():
         raise FileNotFoundError(f"experiment config not found: {path}")
-    try:
-        raw = yaml_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    raw = parse_yaml(read_text(path), str(path), YAML12Loader)  # names the file and line
     require(raw is not None, f"{path}: the experiment config is empty")
     require(isinstance(raw, dict),
             f"{path}: an experiment must be a mapping, got {type(raw).__name__}")
+    return parse_with_overrides(raw, list(overrides), str(path))
+
+
+def parse_with_overrides(raw: dict[str, Any], overrides: list[str], source: str) -> Experiment:
+    """The experiment of `raw` with the overrides applied; an error that an override
+    brought in names that override rather than the file."""
+    applied = overridden(raw, overrides)  # a malformed override names itself
+    try:
+        return parse_experiment(applied, source=source)
+    except ValueError as e:
+        culprit = first_failing(raw, overrides, str(e), source)
+        if culprit is None:  # the file's own error
+            raise
+        what = str(e).removeprefix(f"{source}: ")
+        raise ValueError(f"override {culprit!r} (applied to {source}): {what}") from None
+
+
+def overridden(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A copy of `raw` with the overrides applied in order (`raw` is left as it was)."""
+    raw = copy.deepcopy(raw)
     for override in overrides:
         apply_override(raw, override)
-    return parse_experiment(raw, source=str(path))
+    return raw
+
+
+def first_failing(raw: dict[str, Any], overrides: list[str], error: str,
+                  source: str) -> str | None:
+    """The override after which parsing first fails with `error` (None: the file alone
+    does). Only run on the error path: one parse per override."""
+    for k in range(len(overrides)):
+        try:
+            parse_experiment(overridden(raw, overrides[:k]), source=source)
+        except ValueError as e:
+            if str(e) == error:
+                return None if k == 0 else overrides[k - 1]
+    return overrides[-1] if overrides else None
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -63,7 +96,10 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     try:
         value = yaml_load(text) if text.strip() else None
     except yaml.YAMLError as e:
-        raise ValueError(f"bad override {override!r}: value is not valid YAML ({e})") from None
+        raise ValueError(f"bad override {override!r}: value is not valid YAML "
+                         f"({yaml_problem(e)[1]})") from None
+    except RecursionError:
+        raise ValueError(f"bad override {override!r}: value is nested too deeply") from None
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)

@@ -202,11 +202,14 @@ class MonitorConfig(StrictConfig):
     every_n_steps: int = 100
     eps: float = 0.1
     probe_size: int = 8  # validation examples in the fixed probe batch
+    # their first tokens, at most: exact spectra cost T^3 per head, so a probe of 1024
+    # tokens would cost the training more than the 5% the monitor may take (README)
+    probe_len: int = 512
     histograms: bool = True
 
     def validate(self) -> None:
         greater_than_zero("monitor", every_n_steps=self.every_n_steps,
-                          probe_size=self.probe_size)
+                          probe_size=self.probe_size, probe_len=self.probe_len)
         require(0 < self.eps < 1, f"monitor.eps must be in (0, 1), got {self.eps}")
 
 
