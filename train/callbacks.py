@@ -11,7 +11,8 @@ training, the monitor runs `budgets.probe_model` on the probe batch and
 Sparse metrics go through `logger.log_metrics(..., step=global_step)`, never
 `pl_module.log`, which would re-emit stale values at every logging flush. A step already
 recorded in `ranks.jsonl` is never measured again, so a resumed run continues the file
-without duplicates.
+without duplicates (a resume first drops the records from its checkpoint's step on,
+train/checkpoint.py; on_train_start measures that step again).
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ class RankMonitor(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step  # already counts this batch's optimizer step
         if step % self.every_n_steps == 0:
+            self.measure(trainer, pl_module)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # A resumed fit starts at its checkpoint's step k, whose record and TensorBoard
+        # points train/fit.py dropped (TensorBoard purges from step k on): measure it again.
+        step = trainer.global_step
+        if step > 0 and step % self.every_n_steps == 0:
             self.measure(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:

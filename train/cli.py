@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Sequence
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -22,6 +23,7 @@ import zoo
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
 from .config import load_experiment
+from .devices import check_experiment
 from .plan import plan_document, plan_table
 from .results import load_run
 from .sweep import run_summary, summarize
@@ -189,28 +191,41 @@ BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
 
 
 def blocks_document(d_model: int, n_heads: int, seq_len: int) -> dict:
+    """Every block's presets at these sizes; a preset that cannot be built there gets a row
+    with its reason under "error" (and null figures) instead of failing the listing."""
+    if d_model % n_heads:  # the sizes themselves are wrong, not one preset
+        raise ValueError(f"--n-heads {n_heads} must divide --d-model {d_model}: the blocks "
+                         "split d_model into heads")
     rows = []
     for name in zoo.names():
         cls = zoo.block_class(name)
         presets = cls.variants(d_model, n_heads) if hasattr(cls, "variants") else [(name, {})]
         for label, kwargs in presets:
-            kwargs = {"d_model": d_model, "n_heads": n_heads, **kwargs}
-            try:
-                block = zoo.build(name, **kwargs)
-            except ValueError as e:
-                raise ValueError(f"block {label!r} at d_model={d_model}, n_heads={n_heads}: "
-                                 f"{e}") from None
-            budget = block.budget(seq_len)
-            rows.append({
-                "block": name, "variant": label, "kwargs": kwargs,
-                "budget": {**{axis: getattr(budget, axis) for axis in BUDGET_AXES},
-                           "total": budget.total},
-                "params": budget.params or block.param_count(),
-                "cache_elements": budget.cache_elements,
-                "flops_per_token": budget.flops_per_token,
-            })
+            rows.append(block_row(name, label, {"d_model": d_model, "n_heads": n_heads,
+                                                **kwargs}, seq_len))
+    if all(row.get("error") for row in rows):
+        raise ValueError(f"no block can be built at d_model={d_model}, n_heads={n_heads}: "
+                         f"e.g. {rows[0]['variant']!r}: {rows[0]['error']}")
     return {"d_model": d_model, "n_heads": n_heads, "seq_len": seq_len, "blocks": rows,
             "backends": zoo.backends_available()}
+
+
+def block_row(name: str, label: str, kwargs: dict, seq_len: int) -> dict:
+    """One preset's row: its declared budget and costs, or why it cannot be built."""
+    row = {"block": name, "variant": label, "kwargs": kwargs}
+    try:
+        with torch.device("meta"):  # shapes and counts only: no weights at any size
+            block = zoo.build(name, **kwargs)
+            budget = block.budget(seq_len)
+    except (ValueError, TypeError) as e:
+        return {**row, "budget": None, "params": None, "cache_elements": None,
+                "flops_per_token": None, "error": str(e)}
+    return {**row,
+            "budget": {**{axis: getattr(budget, axis) for axis in BUDGET_AXES},
+                       "total": budget.total},
+            "params": budget.params or block.param_count(),
+            "cache_elements": budget.cache_elements,
+            "flops_per_token": budget.flops_per_token}
 
 
 def blocks_tables(doc: dict) -> list[Table]:
@@ -218,13 +233,12 @@ def blocks_tables(doc: dict) -> list[Table]:
                         f"seq_len={doc['seq_len']}",
                   caption="declared rank caps per layer (total = value_path + adapter + "
                           "inference); cache = elements per sequence at seq_len")
-    for col in ("block", *BUDGET_AXES, "total", "params", "cache", "FLOPs/token"):
-        table.add_column(col, justify="left" if col == "block" else "right")
+    failed = any(row.get("error") for row in doc["blocks"])
+    for col in ("block", *BUDGET_AXES, "total", "params", "cache", "FLOPs/token",
+                *(("note",) if failed else ())):  # why a preset is missing, when one is
+        table.add_column(col, justify="left" if col in ("block", "note") else "right")
     for row in doc["blocks"]:
-        b = row["budget"]
-        table.add_row(row["variant"], *(str(b[a]) for a in BUDGET_AXES),
-                      str(b["total"]), f"{row['params']:,}", f"{row['cache_elements']:,}",
-                      f"{row['flops_per_token']:,}")
+        table.add_row(*_block_cells(row), *((row.get("error") or "",) if failed else ()))
     kernels = Table(title="kernel backends on this machine")
     for col in ("op", "backend", "available"):
         kernels.add_column(col)
@@ -232,6 +246,14 @@ def blocks_tables(doc: dict) -> list[Table]:
         for backend, reason in backends.items():
             kernels.add_row(op, backend, "yes" if reason is None else f"no: {reason}")
     return [table, kernels]
+
+
+def _block_cells(row: dict) -> list[str]:
+    if row.get("error"):
+        return [row["variant"], *("-" for _ in range(len(BUDGET_AXES) + 4))]
+    b = row["budget"]
+    return [row["variant"], *(str(b[a]) for a in BUDGET_AXES), str(b["total"]),
+            f"{row['params']:,}", f"{row['cache_elements']:,}", f"{row['flops_per_token']:,}"]
 
 
 def cmd_blocks(args, out: Console) -> int:
@@ -248,6 +270,7 @@ def cmd_blocks(args, out: Console) -> int:
 
 def cmd_train(args, out: Console) -> int:
     exp = load_experiment(args.config, args.overrides)  # fails before Lightning is imported
+    check_experiment(exp)  # the device settings on this machine, by a dry run too
     if args.dry_run:
         return _dry_run(exp, args.format, out)
     # Lightning, imported here only: `blocks`, `report` and a dry run start without it

@@ -4,14 +4,16 @@ LoRA fine-tune), given a small RunSpec.
     entry = fit_run(RunSpec(name, exp, config), exp_dir, resume, console)
 
 writes runs/<experiment>/<name>/: config.yaml, checkpoints/last.ckpt, ranks.jsonl,
-report.json, TensorBoard event files. Lightning supplies the loop, devices, precision,
-checkpoints and the progress bar; this module wires the pieces together. Every run
-starts from its config's seed, sees the same data in the same order and runs the train
-section's max_steps.
+report.json, status.json (train/status.py), TensorBoard event files. Lightning supplies
+the loop, devices, precision and the progress bar; this module wires the pieces
+together. Every run starts from its config's seed, sees the same data in the same order
+and runs the train section's max_steps. A resume continues from last.ckpt exactly where
+the interrupted run was (train/checkpoint.py: data position, RNG, dropped run files).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -23,7 +25,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 from torch.utils.data import DataLoader
@@ -31,11 +33,13 @@ from torch.utils.data import DataLoader
 import budgets
 
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
-from .config import Experiment
-from .data import make_loaders
+from .checkpoint import StepCheckpoint, TrainScalars, checkpoint_step, drop_records_from
+from .config import Experiment, TrainConfig
+from .data import EpochBatches, make_loaders
 from .io import write_yaml
 from .module import LMModule, NonFiniteLoss
 from .results import finished_entry, finite_metrics, last_record
+from .status import read_status, write_status
 
 
 @dataclass(frozen=True)
@@ -62,28 +66,66 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
     done = finished_entry(vdir, spec.exp.train.max_steps) if resume else None
     if done is not None:  # its report stands; a refit would only rewrite it
         console.print(f"{spec.name}: finished at step {done['step']}; skipped")
-        return done if is_global_zero() else None
+        if not is_global_zero():
+            return None
+        mark_finished(vdir, done["step"])
+        return done
     L.seed_everything(spec.config["seed"], workers=True, verbose=False)
     train_loader, val_loader, probe_batch = seeded_data(spec.exp, spec.config["seed"])
     module = spec.module(val_loader)
     params = module.model.param_count()
+    last_ckpt = vdir / "checkpoints" / "last.ckpt"
+    ckpt_path = str(last_ckpt) if resume and last_ckpt.is_file() else None
+    start = checkpoint_step(last_ckpt) if ckpt_path else 0
     if is_global_zero():
         vdir.mkdir(parents=True, exist_ok=True)
         write_yaml(vdir / "config.yaml", {**spec.config, "params": params})
-    last_ckpt = vdir / "checkpoints" / "last.ckpt"
-    ckpt_path = str(last_ckpt) if resume and last_ckpt.is_file() else None
+        if resume:  # what the interrupted run wrote after its checkpoint
+            drop_records_from(vdir / "ranks.jsonl", start)
+        write_status(vdir, "running", start)
     console.print(describe(spec, params)
-                  + (f", resuming from {last_ckpt}" if ckpt_path else ""))
-    trainer = make_trainer(spec.exp, spec.name, exp_dir, probe_batch, console)
-    start = time.perf_counter()
-    final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path, spec.exp)
-    seconds = time.perf_counter() - start
+                  + (f", resuming from {last_ckpt} (step {start})" if ckpt_path else ""))
+    trainer = None
+    try:
+        trainer = make_trainer(spec.exp, spec.name, exp_dir, probe_batch, console,
+                               batches=train_loader.batch_sampler,
+                               purge_step=start if resume else None)
+        began = time.perf_counter()
+        final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path, spec.exp)
+        seconds = time.perf_counter() - began
+    except BaseException as e:  # the status says how it ended, whatever ended it
+        record_end(vdir, e, start if trainer is None else trainer.global_step)
+        raise
     if not trainer.is_global_zero:
         return None
     console.print(outcome(spec, trainer.global_step, final, seconds))
     backends = sorted({b.backend for b in module.model.blocks})
     write_yaml(vdir / "config.yaml", {**spec.config, "params": params, "backend_used": backends})
-    return write_run_report(spec.exp, spec.name, vdir, params, final, seconds)
+    entry = write_run_report(spec.exp, spec.name, vdir, params, final, seconds)
+    write_status(vdir, "finished", trainer.global_step)
+    return entry
+
+
+def mark_finished(vdir: Path, step: int) -> None:
+    """A run killed after its report but before its status said so: say so now (a status
+    that already says finished is left as it is)."""
+    with contextlib.suppress(ValueError):  # unreadable: rewritten
+        if (read_status(vdir) or {}).get("state") == "finished":
+            return
+    write_status(vdir, "finished", step)
+
+
+def record_end(vdir: Path, error: BaseException, step: int) -> None:
+    """status.json for a fit that raised: diverged (a non-finite loss), else stopped."""
+    if not is_global_zero() or not vdir.is_dir():
+        return
+    state = "diverged" if isinstance(error, NonFiniteLoss) else "stopped"
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):  # Lightning turns ^C into exit(1)
+        reason = f"interrupted ({type(error).__name__})"
+    else:
+        message = str(error).splitlines()[0][:300] if str(error) else ""
+        reason = f"{type(error).__name__}: {message}".rstrip(": ")
+    write_status(vdir, state, step, reason=reason)
 
 
 def is_global_zero() -> bool:
@@ -137,7 +179,10 @@ def quiet_lightning() -> None:
     for pattern in (".*does not have many workers.*",
                     ".*smaller than the logging interval.*",
                     ".*Checkpoint directory .* exists and is not empty.*",
-                    ".*treespec, LeafSpec.*"):
+                    ".*treespec, LeafSpec.*",
+                    # the train loader is: StepCheckpoint moves its EpochBatches to the
+                    # checkpoint's step, a way Lightning does not know of
+                    ".*your dataloader is not resumable.*"):
         warnings.filterwarnings("ignore", message=pattern)
 
 
@@ -162,27 +207,33 @@ class ValidationLog(Callback):
 
 
 def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.Tensor,
-                 console: Console) -> L.Trainer:
-    """Lightning supplies the loop: checkpoints, rank monitor, progress, TensorBoard."""
+                 console: Console, batches: EpochBatches | None = None,
+                 purge_step: int | None = None) -> L.Trainer:
+    """Lightning supplies the loop; checkpoints, rank monitor, progress, TensorBoard. On a
+    resume, `purge_step` is the checkpoint's step: TensorBoard hides the points that the
+    interrupted run logged from it on. `batches`, the train loader's sampler, is moved to
+    the checkpoint's step when Lightning loads it."""
     t, m, vdir = exp.train, exp.monitor, exp_dir / name
     monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=vdir / "ranks.jsonl",
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
     # a live progress bar on a terminal; in logs and pipes, one line per validation instead
     progress = ([StepProgressBar(console_kwargs={"stderr": True})] if console.is_terminal
                 else [ValidationLog(console)])
+    saver = StepCheckpoint(vdir / "checkpoints" / "last.ckpt", t.checkpoint_every_n_steps,
+                           t.val_every_n_steps, batches,
+                           on_save=lambda step: write_status(vdir, "running", step))
     return L.Trainer(
         max_steps=t.max_steps,
         max_epochs=-1,  # max_steps alone stops (an epoch bound miscounts after a resume)
-        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
-        precision=t.precision,
+        **device_settings(t),
+        # EpochBatches shards the train split itself: Lightning's distributed sampler would
+        # replace it and could not start mid-epoch (each rank validates the whole split)
+        use_distributed_sampler=False,
         logger=TensorBoardLogger(save_dir=str(exp_dir), name=name, version="",
-                                 default_hp_metric=False),
-        callbacks=[
-            ModelCheckpoint(dirpath=vdir / "checkpoints", save_last=True, save_top_k=0,
-                            every_n_train_steps=t.checkpoint_every_n_steps),
-            monitor,
-            *progress,
-        ],
+                                 default_hp_metric=False,
+                                 **({} if purge_step is None else {"purge_step": purge_step})),
+        enable_checkpointing=False,  # StepCheckpoint, last in the list: after the others
+        callbacks=[monitor, TrainScalars(t.log_every_n_steps), *progress, saver],
         enable_progress_bar=console.is_terminal,
         val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps,
@@ -192,20 +243,43 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
     )
 
 
+def device_settings(t: TrainConfig) -> dict[str, Any]:
+    return {"accelerator": t.accelerator, "devices": t.devices, "strategy": t.strategy,
+            "precision": t.precision, "num_nodes": t.num_nodes}
+
+
+def check_trainer(t: TrainConfig, section: str = "train") -> None:
+    """Build a Trainer from the device settings and drop it: whatever Lightning refuses
+    (an accelerator, strategy or precision this machine cannot run) is a ValueError
+    naming the settings, raised before the run directory is touched."""
+    try:
+        L.Trainer(**device_settings(t), logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False)
+    except Exception as e:  # Lightning raises several types, all meaning "not this setting"
+        shown = ", ".join(f"{section}.{k}={v!r}" for k, v in device_settings(t).items())
+        message = " ".join(str(e).split())
+        raise ValueError(f"Lightning refuses {shown}: {message}") from None
+
+
 def fit_and_validate(trainer: L.Trainer, module: LMModule, train_loader, val_loader,
                      ckpt_path: str | None, exp: Experiment) -> dict[str, float]:
     """Fit, leave last.ckpt holding the final weights, and return the final metrics."""
     t = exp.train
-    last_ckpt = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    saver = next(c for c in trainer.callbacks if isinstance(c, StepCheckpoint))
     try:
         trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt_path)
     except NonFiniteLoss as e:
-        kept = (f"kept the last good checkpoint {last_ckpt}" if last_ckpt.is_file()
+        kept = (f"kept the last good checkpoint {saver.path}" if saver.path.is_file()
                 else "no checkpoint had been written yet")
         raise NonFiniteLoss(f"{e}; {kept}") from None
-    if trainer.global_step % t.checkpoint_every_n_steps:  # last.ckpt: the final weights
-        trainer.save_checkpoint(last_ckpt)
-    final = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    for monitor in trainer.callbacks:  # a fit resumed at its last step measures nothing
+        if isinstance(monitor, RankMonitor):
+            monitor.measure(trainer, module)
+    if trainer.global_step != saver.saved_step and trainer.global_step % t.checkpoint_every_n_steps:
+        saver.save(trainer)  # last.ckpt: the final weights
+    # the metrics of a checkpoint resumed at its last step, updated by whatever ran since
+    final = {**saver.restored_metrics,
+             **{k: float(v) for k, v in trainer.callback_metrics.items()}}
     if trainer.global_step % t.val_every_n_steps or "val/accuracy" not in final:
         trainer.validate(module, val_loader, verbose=False)  # the last step was not validated
         final.update({k: float(v) for k, v in trainer.callback_metrics.items()})

@@ -16,7 +16,6 @@ Errors name the parameters (model_dir=..., seq_len=...); the CLI shows them as i
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -28,8 +27,18 @@ from torch import nn
 from budgets.hf import ProbeProgress, build_hf_report, probe_hf_model
 from budgets.hf_layouts import Geometry, layout_of
 from budgets.probes import MATFREE_FROM
+from budgets.schema import Int, MapOf, Maybe, Number, Record, read_json
 
 INSTALL_HINT = "pip install 'rankzoo[hf]'"
+# The fields of a model's config.json and an adapter's adapter_config.json that rankzoo
+# reads (budgets/hf_layouts.py's Geometry, the LoRA caps), checked before anything loads.
+HF_SIZES = ("num_attention_heads", "hidden_size", "num_hidden_layers", "num_key_value_heads",
+            "head_dim", "vocab_size", "max_position_embeddings", "n_head", "n_embd", "n_layer",
+            "n_positions")
+HF_CONFIG = Record({"model_type": str}, {k: Maybe(Int(1)) for k in HF_SIZES})
+ADAPTER_CONFIG = Record({}, {"peft_type": Maybe(str), "r": Int(1), "lora_alpha": Number(),
+                             "rank_pattern": Maybe(MapOf(Int(1))),
+                             "alpha_pattern": Maybe(MapOf(float))})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,13 +104,7 @@ def model_type_of(model_dir: Path) -> str:
     if not config_file.is_file():
         raise FileNotFoundError(f"model_dir={model_dir}: no config.json in it (expected a "
                                 f"directory written by save_pretrained)")
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config_file}: not a JSON document ({e})") from None
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise ValueError(f"{config_file}: no model_type in it")
-    return str(config["model_type"])
+    return read_json(config_file, HF_CONFIG)["model_type"]
 
 
 def load_model(model_dir, dtype: str = "float32") -> tuple[nn.Module, object | None]:
@@ -152,6 +155,10 @@ def adapter_dir(adapter) -> Path:
     if not (adapter / "adapter_config.json").is_file():
         raise FileNotFoundError(f"adapter={adapter}: no adapter_config.json there (a "
                                 "directory written by a PEFT model's save_pretrained)")
+    try:
+        read_json(adapter / "adapter_config.json", ADAPTER_CONFIG)
+    except ValueError as e:  # before PEFT reads it, which fails far from the cause
+        raise ValueError(f"adapter={adapter}: the adapter does not load ({e})") from None
     return adapter
 
 

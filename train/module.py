@@ -50,12 +50,14 @@ class LMModule(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
         self._check_finite(loss)
-        self.log("train/loss", loss, prog_bar=True)
+        # logger=False: train/checkpoint.py's TrainScalars writes them to TensorBoard, before
+        # the step's checkpoint (Lightning would write them after it)
+        self.log("train/loss", loss, prog_bar=True, logger=False)
         aux = self._aux_loss()
         if aux is not None:  # logged apart, so train/loss stays comparable across variants
-            self.log("train/aux_loss", aux)
+            self.log("train/aux_loss", aux, logger=False)
             loss = loss + aux
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], logger=False)
         return loss
 
     def _check_finite(self, loss: torch.Tensor) -> None:
@@ -81,7 +83,8 @@ class LMModule(L.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         acc, count = accuracy(logits, batch[1])
-        # sync_dist: under DDP each rank validates its own share; report the mean over ranks
+        # sync_dist: under DDP every rank validates the whole split (train/fit.py turns
+        # Lightning's distributed sampler off), so the mean over ranks is its figure
         self.log("val/loss", loss, prog_bar=True, batch_size=batch[0].shape[0], sync_dist=True)
         # weighted by the number of query positions, so the epoch value is exact
         self.log("val/accuracy", acc, prog_bar=True, batch_size=max(count, 1), sync_dist=True)

@@ -41,22 +41,50 @@ def default_d_mlp(d_model: int, mlp_ratio: float, d_mlp: int | None) -> int:
     return d_mlp if d_mlp is not None else max(1, round(mlp_ratio * d_model))
 
 
-def match_d_mlp(target: int, base: int, per_unit: int, tolerance: float,
-                variant: str) -> int:
+# A matched MLP narrower than this share of d_model is an error, not a width: at d_mlp = 1
+# the MLP is effectively removed, and a comparison of "matched" variants would then be
+# one of blocks with and without an MLP.
+MLP_FLOOR_RATIO = 0.25
+
+
+def mlp_floor(d_model: int) -> int:
+    return max(1, round(MLP_FLOOR_RATIO * d_model))
+
+
+def match_d_mlp(target: int, base: int, per_unit: int, tolerance: float, variant: str,
+                floor: int = 1, ref_width: int | None = None) -> int:
     """The MLP width that brings `base + per_unit * d_mlp` parameters closest to `target`.
 
     The MLP's parameters are exactly linear in its width (two bias-free projections per
-    layer), so one division solves it; an impossible target names the counts.
+    layer), so one division solves it. A width below `floor` is an error naming the
+    reference width (`ref_width`) that would lift it to the floor; a target missed by more
+    than `tolerance` names the counts.
     """
-    d_mlp = max(1, round((target - base) / per_unit))
+    d_mlp = round((target - base) / per_unit)
+    if d_mlp < floor:
+        raise ValueError(below_floor(target, base, tolerance, variant, d_mlp, floor, ref_width))
     total = base + per_unit * d_mlp
     if abs(total - target) > tolerance * target:
         raise ValueError(
             f"match.params: variant {variant!r} cannot be matched to {target:,} parameters "
             f"within {tolerance:.1%}: without its MLP it already has {base:,}, and the "
-            f"narrowest MLP (d_mlp=1) gives {base + per_unit:,}; at d_mlp={d_mlp} it has "
-            f"{total:,}")
+            f"narrowest MLP (d_mlp={floor}) gives {base + per_unit * floor:,}; at "
+            f"d_mlp={d_mlp} it has {total:,}")
     return d_mlp
+
+
+def below_floor(target: int, base: int, tolerance: float, variant: str, d_mlp: int,
+                floor: int, ref_width: int | None) -> str:
+    """The error of a matched width under the floor, with the nearest feasible setting:
+    every matched width moves one for one with the reference's, so raising that by
+    (floor - d_mlp) lifts this variant to the floor."""
+    fix = ("match.params: false" if ref_width is None else
+           f"model.d_mlp={ref_width + floor - d_mlp} (the reference's MLP width, now "
+           f"{ref_width}; every matched width moves with it), or match.params: false")
+    return (f"match.params: variant {variant!r} cannot be matched to {target:,} parameters "
+            f"within {tolerance:.1%} with an MLP of at least d_mlp={floor} (the floor, "
+            f"{MLP_FLOOR_RATIO:g} x d_model): without its MLP it already has {base:,}, so "
+            f"matching would give it d_mlp={d_mlp}; nearest feasible setting: {fix}")
 
 
 def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]],
@@ -77,7 +105,8 @@ def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]
         if target is None:
             target, widths[name] = base + per_unit * ref_width, ref_width
             continue
-        widths[name] = match_d_mlp(target, base, per_unit, tolerance, name)
+        widths[name] = match_d_mlp(target, base, per_unit, tolerance, name,
+                                   floor=mlp_floor(e["d_model"]), ref_width=ref_width)
     return widths
 
 

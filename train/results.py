@@ -19,6 +19,7 @@ from budgets.schema import check, read_text
 
 from .io import read_yaml
 from .render import to_markdown
+from .status import status_notes
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
 VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
@@ -133,6 +134,8 @@ def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None =
         raise ValueError(f"not a run directory: {run_dir} is a file")
     if is_variant_dir(run_dir):
         report = variant_report(run_dir)
+        if notes is not None:  # a run still going, or stopped: its figures are not final
+            notes += status_notes([run_dir])
     else:
         vdirs = variant_dirs(run_dir)
         ready = [v for v in vdirs if has_results(v)]
@@ -142,6 +145,7 @@ def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None =
         if notes is not None:
             notes += [f"{v} has no results yet (interrupted before its first measurement?); "
                       "left out" for v in vdirs if v not in ready]
+            notes += status_notes(ready)
         report = merge_reports([variant_report(v) for v in ready], experiment=run_dir.name)
     # Verdicts and advice from the figures, for all variants together and under the current
     # thresholds (a report.json written before verdicts existed lacks them).

@@ -16,23 +16,23 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 
 import budgets
-from zoo.ops.registry import BackendUnavailable
 
 from .config import Experiment, parse_experiment
-from .data import make_splits
+from .devices import check_experiment
 from .finetune import finetune_experiment
-from .fit import RunSpec, fit_run, is_global_zero, quiet_lightning
+from .fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightning
 from .io import read_yaml, write_yaml
-from .model import build_model
 from .module import NonFiniteLoss
+from .preflight import preflight as sizes_preflight
 from .results import DIVERGED_FILE, EXPERIMENT_FILE, report_markdown
+from .status import STATUS_FILE, read_status
 from .sweep import best_runs, summarize, sweep_markdown, write_summary
 
 __all__ = ["prepare_run_dir", "train_experiment", "train_variant"]
@@ -44,6 +44,7 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     (None on a non-zero rank of a distributed run: rank zero writes and reports)."""
     quiet_lightning()
     exp_dir = Path(runs_dir) / exp.name
+    check_settings(exp)
     preflight(exp)
     if not is_global_zero():
         # a rank that a launcher re-ran (e.g. Lightning's ddp): rank zero prepared the run
@@ -54,10 +55,40 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
     if resume:
         check_resume(exp_dir, exp)  # before anything in the directory is rewritten
+    fresh = not exp_dir.exists()
     exp_dir.mkdir(parents=True, exist_ok=True)
-    write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
-    entries, summary = train_all(exp, exp_dir, resume, console)
+    try:
+        write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
+        entries, summary = train_all(exp, exp_dir, resume, console)
+    except NonFiniteLoss:  # a finding: the directory keeps the notes that say where
+        raise
+    except BaseException:
+        if fresh and not any_progress(exp_dir):  # a stub would only force --overwrite
+            shutil.rmtree(exp_dir, ignore_errors=True)
+        raise
     return write_reports(exp, exp_dir, entries, summary, console)
+
+
+def check_settings(exp: Experiment) -> None:
+    """The device settings against this machine, then against Lightning itself (the
+    Trainer they make), before any file is written."""
+    check_experiment(exp)
+    check_trainer(exp.train)
+    if exp.finetune is not None:
+        check_trainer(exp.finetune.train_config(exp.train), section="finetune.train")
+
+
+def any_progress(exp_dir: Path) -> bool:
+    """Whether some run in exp_dir took a step (by its status.json; an unreadable one
+    counts, to be safe): if none did, a failed fresh run leaves nothing worth keeping."""
+    for status in exp_dir.glob(f"*/{STATUS_FILE}"):
+        try:
+            record = read_status(status.parent)
+        except ValueError:
+            return True
+        if record is not None and record["step"] > 0:
+            return True
+    return False
 
 
 def train_all(exp: Experiment, exp_dir: Path, resume: bool,
@@ -124,22 +155,15 @@ def write_reports(exp: Experiment, exp_dir: Path, entries: dict[str, dict],
 
 # ---------------------------------------------------------------- before the first fit
 
-def preflight(exp: Experiment) -> None:
-    """Run each variant's model once on a few tokens, before the run directory is touched,
-    so that a kernel backend that cannot serve here fails the command up front; and read
-    a text corpus once, so that an empty or unreadable path does too."""
-    if exp.data.task == "text":
-        make_splits(exp.data.spec(), 1, 1, exp.seed)
-    if exp.train.accelerator != "cpu":
-        return  # backends resolve per device; on an accelerator the first step tells
-    tokens = torch.zeros(2, exp.data.seq_len, dtype=torch.long)  # [2, T]
-    for variant in exp.variants:
-        model = build_model(exp.variant_config(variant))
-        try:
-            with torch.no_grad():
-                model(tokens)
-        except BackendUnavailable as e:
-            raise BackendUnavailable(f"variants.{variant}: {e}") from e
+def preflight(exp: Experiment) -> list[str]:
+    """Before the run directory is touched: every variant's memory estimate against what
+    is available, its kernel backends on a few tokens, a text corpus read once
+    (train/preflight.py). Its warnings go to stderr and are returned for the run's notes
+    (train.preflight.write_notes)."""
+    notes = sizes_preflight(exp)
+    for note in notes:
+        print(f"rankzoo: warning: {note}", file=sys.stderr)
+    return notes
 
 
 def prepare_run_dir(exp_dir: Path, overwrite: bool = False, resume: bool = False) -> None:

@@ -94,8 +94,9 @@ class Block(nn.Module):
                              f"got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise ValueError(f"{self.kind}: expected a floating-point x, got {x.dtype}")
-        if x.shape[1] == 0:
-            raise ValueError(f"{self.kind}: expected at least one token, got {tuple(x.shape)}")
+        if x.shape[0] == 0 or x.shape[1] == 0:  # heads are split with view(B, T, H, -1)
+            raise ValueError(f"{self.kind}: expected at least one sequence of at least one "
+                             f"token, got {tuple(x.shape)}")
         weight = next(self.parameters(), None)
         if (weight is not None and x.dtype != weight.dtype
                 and not torch.is_autocast_enabled(x.device.type)):

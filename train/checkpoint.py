@@ -1,0 +1,187 @@
+"""Checkpoints that a resume continues exactly, and what a resume drops.
+
+A run killed at any moment and resumed from checkpoints/last.ckpt (saved at step k) must
+go on as if it had never stopped: the same batches in the same order, the same RNG
+streams, and run files holding only what the uninterrupted run would. So:
+
+- StepCheckpoint saves last.ckpt every n steps after everything step k logs is on disk
+  (TensorBoard flushed; at a step that validates, after the validation), through a
+  temporary file and os.replace, so a kill mid-write leaves the previous checkpoint. It
+  stores the RNG states and the step's metrics beside Lightning's state, and on loading
+  moves the train sampler (train/data.py EpochBatches) to step k and restores the RNG.
+- TrainScalars logs the train/* scalars at the steps and values Lightning would, but
+  before the checkpoint: Lightning logs them after its checkpoint callbacks ran.
+- On resume, train/fit.py drops what the killed process wrote after the checkpoint:
+  TensorBoard points at steps >= k (SummaryWriter's purge_step), ranks.jsonl records at
+  steps >= k (drop_records_from). The rank monitor's points at step k itself go too, as
+  TensorBoard purges by step; the monitor measures step k again when the resumed fit
+  starts (RankMonitor.on_train_start), and the same weights give the same record.
+
+TensorBoard steps as Lightning sets them: the train and validation scalars of the update
+that makes global step g sit at step g - 1, the rank monitor's at g.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+
+from .data import EpochBatches
+
+STATE_KEY = "rankzoo"  # the checkpoint entry with the RNG states and the step's metrics
+
+
+class StepCheckpoint(Callback):
+    """Save `path` every `every_n_steps` optimizer steps, exactly resumable (the module
+    docstring). `on_save(step)` runs on global rank zero after each save."""
+
+    def __init__(self, path: Path, every_n_steps: int, val_every_n_steps: int,
+                 batches: EpochBatches | None = None,
+                 on_save: Callable[[int], None] | None = None):
+        self.path, self.every_n_steps = Path(path), every_n_steps
+        self.val_every_n_steps, self.batches, self.on_save = val_every_n_steps, batches, on_save
+        self.saved_step = -1
+        self.restored: dict[str, Any] = {}  # the loaded checkpoint's STATE_KEY entry
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        # a step that validates is saved after its validation (on_validation_end): its
+        # figures are logged by then, and Lightning resumes such a checkpoint past them
+        if step % self.every_n_steps == 0 and not self.validates_at(trainer, step):
+            self.save(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        step = trainer.global_step
+        if (trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+                and step % self.every_n_steps == 0 and step != self.saved_step):
+            self.save(trainer)
+
+    def validates_at(self, trainer, step: int) -> bool:
+        return trainer.enable_validation and step % self.val_every_n_steps == 0
+
+    def save(self, trainer) -> None:
+        """Flush the loggers, then write the checkpoint whole or not at all."""
+        for logger in trainer.loggers:
+            logger.save()  # TensorBoard's writer buffers events; these belong to the checkpoint
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        trainer.save_checkpoint(tmp)
+        if trainer.is_global_zero:
+            os.replace(tmp, self.path)
+            if self.on_save is not None:
+                self.on_save(trainer.global_step)
+        self.saved_step = trainer.global_step
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        checkpoint[STATE_KEY] = {"rng": rng_states(), "metrics": metrics}
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # called before the train loader is first iterated: its first batch is step k's
+        if self.batches is not None:
+            self.batches.start_at(checkpoint["global_step"])
+        self.restored = checkpoint.get(STATE_KEY, {})
+        self.saved_step = checkpoint["global_step"]  # what self.path holds
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # the last hook before the first step: nothing draws from the RNG after it
+        if "rng" in self.restored:
+            set_rng_states(self.restored["rng"])
+
+    @property
+    def restored_metrics(self) -> dict[str, float]:
+        """The metrics at the loaded checkpoint's step (empty without one)."""
+        return dict(self.restored.get("metrics", {}))
+
+
+class TrainScalars(Callback):
+    """The train/* scalars (logged by the module with logger=False) to the loggers, every
+    `every_n_steps` steps at step global_step - 1 with the epoch beside them, as Lightning
+    logs them, but in on_train_batch_end: before StepCheckpoint, which runs last."""
+
+    def __init__(self, every_n_steps: int):
+        self.every_n_steps = every_n_steps
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps and not trainer.should_stop:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+                   if k.startswith("train/")}
+        metrics["epoch"] = trainer.current_epoch
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step - 1)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The global step a checkpoint was saved at (memory-mapped: the weights stay on disk);
+    a file that is not a checkpoint is a ValueError naming it."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return int(checkpoint["global_step"])
+    except Exception as e:  # torch raises several types for a bad file
+        raise ValueError(f"cannot resume from {path}: not a readable checkpoint "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                         "--overwrite redoes the run") from None
+
+
+def drop_records_from(path: Path, step: int) -> int:
+    """Keep the ranks.jsonl records before `step` (and no half-written last line); returns
+    how many were dropped. Rewritten through a temporary file and os.replace."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [line for line in lines if line.endswith("\n") and record_step(line) < step]
+    if len(keep) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+    return len(lines) - len(keep)
+
+
+def record_step(line: str) -> int:
+    """The step of a ranks.jsonl line; -1 for a blank line (kept, harmless)."""
+    if not line.strip():
+        return -1
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"ranks.jsonl: not a rank record ({e}): {line[:80]!r}") from None
+
+
+# ---------------------------------------------------------------- RNG states
+
+def rng_states() -> dict[str, Any]:
+    """Every RNG a step could draw from (torch CPU and CUDA, Python, NumPy), as values
+    that a weights_only checkpoint load accepts."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+    except ImportError:
+        return states
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss),
+                       float(cached)]
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))

@@ -1,0 +1,126 @@
+"""The train section's Lightning settings against this machine, before anything is written.
+
+TrainConfig.validate (train/config/sections.py) checks that accelerator, devices,
+precision, strategy and num_nodes are values Lightning accepts; a config that names a GPU
+stays loadable on a laptop (`rankzoo report` reads it back). Whether this machine can
+run them is checked here, by `rankzoo train` and its --dry-run, with torch alone (Lightning
+is slow to import): each failure is one line naming the setting, its value and what this
+machine has. train/fit.py's check_trainer then builds a Trainer from the settings, so that
+anything Lightning refuses is refused before the run directory is touched too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from .config import Experiment, TrainConfig
+from .config.sections import device_request
+
+# Environment variables by which a launcher (SLURM, torchrun, LSF, MPI, or by hand) tells
+# each node of a multi-node job where the others are: without one, Lightning's node 0
+# would wait for nodes that never come.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "LSB_JOBID",
+                      "OMPI_COMM_WORLD_SIZE")
+
+
+def check_experiment(exp: Experiment) -> None:
+    """The train section, and the fine-tune stage's (it may override it), on this machine."""
+    check_machine(exp.train)
+    if exp.finetune is not None:
+        check_machine(exp.finetune.train_config(exp.train), section="finetune.train")
+
+
+def check_machine(train: TrainConfig, section: str = "train") -> None:
+    """Raise ValueError naming the first setting this machine cannot run."""
+    kind = accelerator_kind(train.accelerator, section)
+    check_devices(train.devices, kind, section)
+    check_precision(train.precision, kind, section)
+    check_strategy(train.strategy, kind, section)
+    if train.num_nodes > 1 and not any(v in os.environ for v in LAUNCHER_VARIABLES):
+        raise ValueError(f"{section}.num_nodes={train.num_nodes}: a multi-node run is started "
+                         f"on every node by a launcher (SLURM, torchrun) or with MASTER_ADDR, "
+                         f"MASTER_PORT and NODE_RANK set; none of {list(LAUNCHER_VARIABLES)} "
+                         "is set here")
+
+
+def available() -> dict[str, int]:
+    """The accelerators this machine has and their device counts (cpu: its cores)."""
+    found = {"cpu": os.cpu_count() or 1}
+    if torch.cuda.is_available():
+        found["cuda"] = torch.cuda.device_count()
+    if torch.backends.mps.is_available():
+        found["mps"] = 1
+    if importlib.util.find_spec("torch_xla") is not None:
+        found["tpu"] = 1  # torch_xla counts its cores only once it starts; Lightning checks
+    return found
+
+
+def describe_available() -> str:
+    """'cpu', or e.g. 'cpu, cuda (2 devices)': what the errors offer instead."""
+    return ", ".join(name if name == "cpu" else f"{name} ({n} device{'s' * (n != 1)})"
+                     for name, n in available().items())
+
+
+def accelerator_kind(accelerator: str, section: str = "train") -> str:
+    """cpu, cuda, mps or tpu: the accelerator asked for ('gpu' is cuda or mps, as in
+    Lightning; 'auto' is the best one present); an error when this machine lacks it."""
+    have = available()
+    if accelerator == "auto":
+        return next((k for k in ("cuda", "tpu", "mps") if k in have), "cpu")
+    kind = {"gpu": "cuda" if "mps" not in have else "mps"}.get(accelerator, accelerator)
+    if kind not in have:
+        why = {"cuda": f"torch {torch.__version__} sees no CUDA GPU",
+               "mps": "no Apple MPS device", "tpu": "torch_xla is not installed"}[kind]
+        raise ValueError(f"{section}.accelerator={accelerator!r}: this machine has no "
+                         f"{kind.upper() if kind != 'cuda' else 'GPU'} ({why}); available "
+                         f"here: {describe_available()}")
+    return kind
+
+
+def check_devices(devices: int | str, kind: str, section: str = "train") -> None:
+    """A count or indices this accelerator has (CPU: a count of processes, any number)."""
+    request = device_request(devices)
+    if kind == "cpu":
+        if isinstance(request, tuple) or request == "all":
+            raise ValueError(f"{section}.devices={devices!r}: device indices and -1 select "
+                             "GPUs; on cpu, devices is a count of processes (e.g. 2) or 'auto'")
+        return
+    have = available()[kind]
+    wanted = len(request) if isinstance(request, tuple) else request
+    if isinstance(request, tuple) and max(request) >= have:
+        raise ValueError(f"{section}.devices={devices!r}: no {kind} device {max(request)}; "
+                         f"this machine has {have} (indices 0-{have - 1})")
+    if isinstance(wanted, int) and wanted > have:
+        raise ValueError(f"{section}.devices={devices!r}: asks for {wanted} {kind} devices; "
+                         f"this machine has {have}")
+
+
+def check_precision(precision: str, kind: str, section: str = "train") -> None:
+    """Precisions this accelerator runs (Lightning would quietly swap fp16 AMP on a CPU
+    for bf16; a config that says 16-mixed should get fp16 or an error)."""
+    if kind == "cpu" and precision in ("16-mixed", "16"):
+        raise ValueError(f"{section}.precision={precision!r}: fp16 mixed precision needs a "
+                         "GPU; on cpu use bf16-mixed or 32-true")
+    if precision.startswith("transformer-engine") and \
+            importlib.util.find_spec("transformer_engine") is None:
+        raise ValueError(f"{section}.precision={precision!r} needs NVIDIA's transformer_engine, "
+                         "which is not installed")
+    if kind == "cuda" and precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{section}.precision={precision!r}: this GPU "
+                         f"({torch.cuda.get_device_name()}) has no bf16; use 16-mixed")
+
+
+def check_strategy(strategy: str, kind: str, section: str = "train") -> None:
+    """Strategies that need a GPU, a TPU or a package this machine lacks."""
+    if strategy.startswith(("fsdp", "deepspeed")) and kind != "cuda":
+        raise ValueError(f"{section}.strategy={strategy!r} needs CUDA GPUs "
+                         f"(accelerator: {kind}); available here: {describe_available()}")
+    if strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        raise ValueError(f"{section}.strategy={strategy!r} needs deepspeed, which is not "
+                         "installed")
+    if strategy in ("xla", "xla_debug", "single_xla", "single_tpu") and kind != "tpu":
+        raise ValueError(f"{section}.strategy={strategy!r} needs a TPU (accelerator: {kind}); "
+                         f"available here: {describe_available()}")

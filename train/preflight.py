@@ -1,0 +1,317 @@
+"""Before the first fit: the sizes an experiment asks for, bounded before any work starts.
+
+    notes = preflight(exp)          # raises ValueError naming the variant and the estimate
+
+- warnings for settings that are legal but almost certainly not meant (`size_warnings`):
+  warmup that never ends, a batch larger than the training set, a probe larger than the
+  validation set; returned as notes for stderr and the run's notes (NOTES_FILE);
+- a memory estimate per variant (`MemoryEstimate`) checked against the memory available
+  on the device the run will use, so that a seq_len of 100,000 is an error that shows the
+  estimate rather than a run that swaps or hangs;
+- each variant's model run once forward and backward on a few tokens (at most
+  PREFLIGHT_TOKENS, whatever data.seq_len is, so this check's cost is bounded): a kernel
+  backend that cannot serve here fails up front, and autograd's saved tensors give the
+  activation bytes per token that the estimate scales to batch_size x seq_len.
+
+The estimate, per training process (`MemoryEstimate.describe` prints each term):
+  weights      P x b                     (P parameters, b bytes per parameter: 4, or 2 / 8
+                                          for 16-/64-bit "true" precision)
+  gradients    P x b
+  optimizer    P x b x s                 (s state tensors per parameter: AdamW 2, Lion 1,
+                                          Muon <= 2)
+  activations  B x (a T + c T^2) x r     (a, c: saved bytes per token, and per token per
+                                          token, measured at 64 and 128 tokens; B =
+                                          batch_size, T = seq_len; r = 1/2 for 16-bit
+                                          "true" precision, 2 for 64-bit, else 1)
+  data         16 x (train_size + val_size) x T    (tokens and labels, int64)
+  probe        3 x 4 x P_b x H x T_p x m  (the monitor's mixing matrices in fp32, a centered
+                                          copy and the SVD's workspace: P_b = min(probe_size,
+                                          val_size) sequences of T_p = min(T, probe_len)
+                                          tokens, H heads, m = T_p below the matrix-free
+                                          length MATFREE_FROM, else K_MAX)
+On the CPU, every process of a multi-device run holds all of it, so the total is multiplied
+by the number of processes; on a GPU, data stays on the host and the rest is compared with
+the device's free memory. It is an estimate: peak memory in backward adds transients of
+about one layer, and the matrix-free probe of a block with no matrix-free form (MoE's
+routing) materializes T_p x T_p matrices after all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import budgets
+from budgets.matfree import K_MAX
+from zoo.ops.registry import BackendUnavailable
+
+from .config import Experiment
+from .data import make_splits
+from .model import build_model
+from .plan import count_params, default_d_mlp
+
+NOTES_FILE = "notes.txt"  # runs/<experiment>/notes.txt: the warnings of the run's preflight
+PREFLIGHT_TOKENS = 128  # the longest sequence preflight runs a model on (chunked kernels
+# pad to 64: a length of two chunks keeps the measured cost per token at or above the
+# long-sequence figure)
+OPTIMIZER_STATES = {"adamw": 2, "lion": 1, "muon": 2}  # Muon: momentum, AdamW on the rest
+
+
+def preflight(exp: Experiment, available: dict[str, int | None] | None = None) -> list[str]:
+    """Warnings for `exp` (also printed by the caller), after checking that every variant
+    fits in memory and that its kernel backends serve here. `available` (device kind ->
+    bytes, None: unknown) replaces the machine's own figures, for tests."""
+    if exp.data.task == "text":  # an empty or unreadable corpus fails here, not mid-run
+        make_splits(exp.data.spec(), 1, 1, exp.seed)
+    kind = device_kind(exp.train.accelerator)
+    free = (available if available is not None else {kind: available_memory(kind)}).get(kind)
+    for base, first in exp.base_variants().items():  # a sweep's grid points share a model
+        runs = [run for run, v in exp.variants.items() if (v.base or run) == base]
+        for run in runs:  # weights and optimizer state first: the model is built only if
+            check_memory(static_estimate(exp, run, base), free, kind)  # they fit
+        model = build_model(bounded_config(exp, first))
+        a, c = activation_bytes(model, base, exp.data.seq_len, exp.train.accelerator)
+        for run in runs:
+            check_memory(static_estimate(exp, run, base, a, c), free, kind)
+    return size_warnings(exp)
+
+
+# ---------------------------------------------------------------- warnings
+
+def size_warnings(exp: Experiment) -> list[str]:
+    """Settings that pass validation but defeat their purpose; also for the fine-tune
+    stage's data and train sections (named under finetune.)."""
+    notes = section_warnings(exp.data, exp.train, exp.monitor, "")
+    if exp.finetune is not None:
+        ft = exp.finetune_view()
+        notes += section_warnings(ft.data, ft.train, None, "finetune.")
+    return notes
+
+
+def section_warnings(data, train, monitor, prefix: str) -> list[str]:
+    notes = []
+    if train.warmup_steps >= train.max_steps:
+        notes.append(f"{prefix}train.warmup_steps ({train.warmup_steps}) >= "
+                     f"{prefix}train.max_steps ({train.max_steps}): the learning rate never "
+                     "leaves warmup")
+    if data.batch_size > data.train_size:
+        notes.append(f"{prefix}data.batch_size ({data.batch_size}) > {prefix}data.train_size "
+                     f"({data.train_size}): every batch is the whole training set of "
+                     f"{data.train_size} examples")
+    if monitor is not None and monitor.probe_size > data.val_size:
+        notes.append(f"monitor.probe_size ({monitor.probe_size}) > data.val_size "
+                     f"({data.val_size}): the probe batch holds the {data.val_size} "
+                     "validation examples there are")
+    return notes
+
+
+def write_notes(exp_dir: Path, notes: list[str]) -> None:
+    """Append the preflight's warnings to the run's notes (nothing when there are none)."""
+    if notes:
+        with (Path(exp_dir) / NOTES_FILE).open("a") as f:
+            f.write("".join(f"warning: {note}\n" for note in notes))
+
+
+# ---------------------------------------------------------------- the estimate
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per training process (see the module docstring for each term)."""
+
+    variant: str
+    params: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int | None  # None: not measured yet (the model is built only if the rest fits)
+    data: int
+    probe: int
+    batch_size: int
+    seq_len: int
+    processes: int = 1
+
+    def on_device(self, kind: str) -> int:
+        """Bytes that must fit on one device of `kind` (a GPU holds no data), all
+        processes together on the CPU."""
+        model = (self.weights + self.gradients + self.optimizer + (self.activations or 0)
+                 + self.probe)
+        return model * self.processes + self.data * self.processes if kind == "cpu" else model
+
+    def describe(self, kind: str) -> str:
+        acts = ("not measured yet" if self.activations is None
+                else gib(self.activations))
+        terms = [f"weights {gib(self.weights)} ({self.params:,} parameters)",
+                 f"gradients {gib(self.gradients)}", f"optimizer state {gib(self.optimizer)}",
+                 f"activations at data.batch_size {self.batch_size} x data.seq_len "
+                 f"{self.seq_len}: {acts}", f"monitor probe {gib(self.probe)}"]
+        if kind == "cpu":
+            terms.append(f"data {gib(self.data)}")
+        per = f" per process, x {self.processes} processes" if self.processes > 1 else ""
+        return ", ".join(terms) + per
+
+
+def gib(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes per parameter: fp32 master weights unless the precision is 'true' 16/64-bit."""
+    if precision in ("16-true", "bf16-true"):
+        return 2
+    return 8 if precision in ("64-true", "64") else 4
+
+
+def static_estimate(exp: Experiment, run: str, variant: str, per_token: float | None = None,
+                    per_token2: float = 0.0) -> MemoryEstimate:
+    """The estimate of one run of `variant` (a sweep's grid point, or the variant itself);
+    the activations only once measured (`per_token`, `per_token2`: activation_bytes)."""
+    config = exp.variant_config(run)
+    data, model, train = exp.data, config["model"], config["train"]
+    block = {k: v for k, v in config["block"].items() if k != "name"}
+    d_mlp = model["d_mlp"] or default_d_mlp(model["d_model"], model["mlp_ratio"], None)
+    params = count_params(data.vocab_size, model["d_model"], model["n_layers"],
+                          config["block"]["name"], block, d_mlp, data.seq_len,
+                          model["norm"], model["tie_embeddings"])
+    b = param_bytes(train["precision"])
+    acts = None
+    if per_token is not None:
+        scale = b / 4 if train["precision"] in ("16-true", "bf16-true", "64-true", "64") else 1
+        T = data.seq_len
+        acts = math.ceil(data.batch_size * (per_token * T + per_token2 * T * T) * scale)
+    return MemoryEstimate(
+        variant=variant, params=params, weights=params * b, gradients=params * b,
+        optimizer=params * b * OPTIMIZER_STATES.get(train["optimizer"], 2),
+        activations=acts, data=16 * (data.train_size + data.val_size) * data.seq_len,
+        probe=probe_bytes(exp, block.get("n_heads", 1)), batch_size=data.batch_size,
+        seq_len=data.seq_len, processes=processes(exp))
+
+
+def probe_bytes(exp: Experiment, n_heads: int) -> int:
+    """The monitor's mixing matrices, their centered copy and the SVD's workspace."""
+    m = exp.monitor
+    P, T = min(m.probe_size, exp.data.val_size), min(exp.data.seq_len, m.probe_len)
+    width = T if T < budgets.MATFREE_FROM else min(T, K_MAX)
+    return 3 * 4 * P * n_heads * T * width
+
+
+def processes(exp: Experiment) -> int:
+    """Training processes on this host for a CPU run (each holds a full copy)."""
+    if device_kind(exp.train.accelerator) != "cpu":
+        return 1
+    devices = str(exp.train.devices).strip()
+    if devices.isdigit():
+        return max(1, int(devices))
+    return len([d for d in devices.split(",") if d.strip()]) if "," in devices else 1
+
+
+# ---------------------------------------------------------------- measured activations
+
+def bounded_config(exp: Experiment, variant: str) -> dict:
+    """The variant's config with the model's max length cut to PREFLIGHT_TOKENS: nothing
+    built here grows with data.seq_len."""
+    config = exp.variant_config(variant)
+    length = min(exp.data.seq_len, PREFLIGHT_TOKENS)
+    return {**config, "model": {**config["model"], "max_len": length}}
+
+
+def saved_bytes(model: torch.nn.Module, tokens: torch.Tensor, backward: bool = True) -> int:
+    """Bytes autograd keeps for backward in one training forward on `tokens` [B, T] (the
+    loss included), each storage counted once; then backward runs (if asked), so that a
+    backend that fails only there fails here too."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(tokens)  # [B, T, vocab]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+    if backward:
+        loss.backward()
+    return sum(seen.values())
+
+
+def activation_bytes(model: torch.nn.Module, variant: str, seq_len: int,
+                     accelerator: str) -> tuple[float, float]:
+    """(a, c): saved bytes per token and per token squared, from two short sequences
+    (c > 0 only where a backend stores T x T scores). Backend failures name the variant;
+    on an accelerator the backends resolve per device, so only the CPU's are checked."""
+    T = min(seq_len, PREFLIGHT_TOKENS)
+    lengths = sorted({min(seq_len, PREFLIGHT_TOKENS // 2), T})
+    try:
+        sizes = [saved_bytes(model, torch.zeros(1, t, dtype=torch.long), backward=t == T) / t
+                 for t in lengths]  # backward once, at the longer length
+    except BackendUnavailable as e:
+        if device_kind(accelerator) != "cpu":
+            return 0.0, 0.0  # the first step on the device tells
+        raise BackendUnavailable(f"variants.{variant}: {e}") from e
+    if len(sizes) == 1:
+        return sizes[0], 0.0
+    c = max(0.0, (sizes[1] - sizes[0]) / (lengths[1] - lengths[0]))
+    return sizes[1] - c * lengths[1], c
+
+
+# ---------------------------------------------------------------- what is available
+
+def device_kind(accelerator: str) -> str:
+    """'cpu', 'cuda' (gpu, cuda, or auto with CUDA here), or the accelerator's name."""
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu" if accelerator == "auto" else accelerator
+
+
+def available_memory(kind: str) -> int | None:
+    """Free bytes on the device kind the run uses; None where it is not known (then
+    nothing is checked)."""
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+    if kind != "cpu":
+        return None
+    known = [n for n in (meminfo_available(), cgroup_available()) if n is not None]
+    return min(known) if known else None
+
+
+def meminfo_available(path: str = "/proc/meminfo") -> int | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def cgroup_available(root: str = "/sys/fs/cgroup") -> int | None:
+    """A container's memory limit minus its usage (cgroup v2), when it has one."""
+    try:
+        limit = Path(root, "memory.max").read_text().strip()
+        used = int(Path(root, "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(0, int(limit) - used)
+
+
+def check_memory(estimate: MemoryEstimate, available: int | None, kind: str) -> None:
+    """Raise a ValueError showing the estimate when it does not fit in `available`."""
+    need = estimate.on_device(kind)
+    if available is None or need <= available:
+        return
+    raise ValueError(
+        f"variants.{estimate.variant}: needs about {gib(need)} of {kind} memory, but "
+        f"{gib(available)} is available ({estimate.describe(kind)}); lower data.seq_len, "
+        "data.batch_size, data.train_size or the model's size")
