@@ -28,7 +28,10 @@ from .plan import plan_document, plan_table
 from .results import load_run
 from .sweep import run_summary, summarize
 
-BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
+# a path the user named that cannot serve (unreadable, a directory, not writable) is bad
+# input too: one line, exit code 2
+BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+             IsADirectoryError, PermissionError)
 
 
 def _positive_int(text: str) -> int:

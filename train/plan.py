@@ -16,6 +16,7 @@ Matching order (both relative to the first variant, the reference):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -111,7 +112,9 @@ def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, in O(sqrt n): n_heads may be as large as d_model."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 # Per block: the config knob that sizes its cached state, and the values to try, ascending,
@@ -143,16 +146,14 @@ def nearest_state(variant: str, block: str, kwargs: dict[str, Any], target: int,
         raise ValueError(f"match.state: variant {variant!r} ({block}) cannot be state-matched: "
                          f"no state knob is known for it (known: {sorted(STATE_KNOBS)})")
     knob, candidates = STATE_KNOBS[block]
-    best = None  # (distance, value, cache)
-    for value in candidates(kwargs, d_model, seq_len):
-        try:
-            cache = n_layers * cache_elements(block, {**kwargs, knob: value}, d_model, seq_len)
-        except ValueError:
-            continue  # a value the block's config rejects
-        if best is None or abs(cache - target) < best[0]:
-            best = (abs(cache - target), value, cache)
-        if cache >= target:
-            break  # caches only grow from here
+    values = candidates(kwargs, d_model, seq_len)  # a range or a list: indexable
+
+    def cache_at(i: int) -> int:
+        """Cache of all layers at values[i]; a ValueError when the block rejects it."""
+        return n_layers * cache_elements(block, {**kwargs, knob: values[i]}, d_model, seq_len)
+
+    best = nearest_cache(len(values), cache_at, target)  # (distance, index, cache)
+    best = None if best is None else (best[0], values[best[1]], best[2])
     if best is None or best[0] > tolerance * target:
         nearest = "none" if best is None else f"{best[2]:,} at {knob}={best[1]}"
         raise ValueError(
@@ -160,6 +161,40 @@ def nearest_state(variant: str, block: str, kwargs: dict[str, Any], target: int,
             f"{target:,} cached elements per sequence within {tolerance:.1%} by its {knob}; "
             f"nearest achievable: {nearest}")
     return best[1], best[2]
+
+
+def accepted(cache_at: Callable[[int], int], indices: Iterable[int]) -> tuple[int, int] | None:
+    """(index, cache) of the first index the block accepts, in the order given."""
+    for i in indices:
+        try:
+            return i, cache_at(i)
+        except ValueError:
+            continue  # a value the block's config rejects
+    return None
+
+
+def nearest_cache(n: int, cache_at: Callable[[int], int],
+                  target: int) -> tuple[int, int, int] | None:
+    """(distance, index, cache) of the index in range(n) whose cache is nearest `target`,
+    the earliest of equals; None when the block accepts none. Caches never decrease with
+    the index, so two bisections find it in O(log n) builds: the knob may range over
+    seq_len or 4 x d_model values, and a scan of them all would not come back."""
+    def first_reaching(level: int, hi: int) -> int:  # first index below hi with cache >= level
+        lo = 0
+        while lo < hi:
+            found = accepted(cache_at, range((lo + hi) // 2, hi))
+            if found is None or found[1] >= level:
+                hi = (lo + hi) // 2
+            else:
+                lo = found[0] + 1
+        return lo
+
+    above = accepted(cache_at, range(first_reaching(target, n), n))
+    below = accepted(cache_at, range(first_reaching(target, n) - 1, -1, -1))
+    if below is not None:  # the earliest index with that same cache
+        below = accepted(cache_at, range(first_reaching(below[1], below[0] + 1), n))
+    found = [(abs(c - target), i, c) for i, c in (x for x in (below, above) if x is not None)]
+    return min(found, key=lambda f: (f[0], f[1])) if found else None
 
 
 def matched_states(variants: dict[str, tuple[str, dict]], d_model: int, n_layers: int,

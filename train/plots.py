@@ -77,7 +77,8 @@ def _spectrum_line(ax, quantity: str, spectra) -> None:
 
 
 def _layer_mean(layer: dict, quantity: str, metric: str) -> float | None:
-    values = layer["quantities"].get(quantity, {}).get(metric, [])
+    # None: a head whose erank the matrix-free probe could not decide (budgets/matfree.py)
+    values = [v for v in layer["quantities"].get(quantity, {}).get(metric, []) if v is not None]
     return sum(values) / len(values) if values else None
 
 

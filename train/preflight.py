@@ -8,10 +8,10 @@
 - a memory estimate per variant (`MemoryEstimate`) checked against the memory available
   on the device the run will use, so that a seq_len of 100,000 is an error that shows the
   estimate rather than a run that swaps or hangs;
-- each variant's model run once forward and backward on a few tokens (at most
-  PREFLIGHT_TOKENS, whatever data.seq_len is, so this check's cost is bounded): a kernel
-  backend that cannot serve here fails up front, and autograd's saved tensors give the
-  activation bytes per token that the estimate scales to batch_size x seq_len.
+- each variant's model run forward on a few tokens (at most PREFLIGHT_TOKENS, whatever
+  data.seq_len is, so this check's cost is bounded): a kernel backend that cannot serve
+  here fails up front, and autograd's saved tensors give the activation bytes per token
+  that the estimate scales to batch_size x seq_len.
 
 The estimate, per training process (`MemoryEstimate.describe` prints each term):
   weights      P x b                     (P parameters, b bytes per parameter: 4, or 2 / 8
@@ -20,9 +20,10 @@ The estimate, per training process (`MemoryEstimate.describe` prints each term):
   optimizer    P x b x s                 (s state tensors per parameter: AdamW 2, Lion 1,
                                           Muon <= 2)
   activations  B x (a T + c T^2) x r     (a, c: saved bytes per token, and per token per
-                                          token, measured at 64 and 128 tokens; B =
-                                          batch_size, T = seq_len; r = 1/2 for 16-bit
-                                          "true" precision, 2 for 64-bit, else 1)
+                                          token, measured at 64 tokens, c only where a
+                                          block runs a reference kernel; B = batch_size,
+                                          T = seq_len; r = 1/2 for 16-bit "true"
+                                          precision, 2 for 64-bit, else 1)
   data         16 x (train_size + val_size) x T    (tokens and labels, int64)
   probe        3 x 4 x P_b x H x T_p x m  (the monitor's mixing matrices in fp32, a centered
                                           copy and the SVD's workspace: P_b = min(probe_size,
@@ -38,6 +39,7 @@ routing) materializes T_p x T_p matrices after all.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -56,9 +58,9 @@ from .model import build_model
 from .plan import count_params, default_d_mlp
 
 NOTES_FILE = "notes.txt"  # runs/<experiment>/notes.txt: the warnings of the run's preflight
-PREFLIGHT_TOKENS = 128  # the longest sequence preflight runs a model on (chunked kernels
-# pad to 64: a length of two chunks keeps the measured cost per token at or above the
-# long-sequence figure)
+# The longest sequence preflight runs a model on. Chunked kernels pad to chunks of 64: at a
+# whole chunk the cost per token measured is at or above the long-sequence figure.
+PREFLIGHT_TOKENS = 64
 OPTIMIZER_STATES = {"adamw": 2, "lion": 1, "muon": 2}  # Muon: momentum, AdamW on the rest
 
 
@@ -71,13 +73,14 @@ def preflight(exp: Experiment, available: dict[str, int | None] | None = None) -
     kind = device_kind(exp.train.accelerator)
     free = (available if available is not None else {kind: available_memory(kind)}).get(kind)
     for base, first in exp.base_variants().items():  # a sweep's grid points share a model
-        runs = [run for run, v in exp.variants.items() if (v.base or run) == base]
-        for run in runs:  # weights and optimizer state first: the model is built only if
-            check_memory(static_estimate(exp, run, base), free, kind)  # they fit
+        runs = [static_estimate(exp, run, base) for run, v in exp.variants.items()
+                if (v.base or run) == base]
+        for estimate in runs:  # weights and optimizer state first: the model is built
+            check_memory(estimate, free, kind)  # only if they fit
         model = build_model(bounded_config(exp, first))
         a, c = activation_bytes(model, base, exp.data.seq_len, exp.train.accelerator)
-        for run in runs:
-            check_memory(static_estimate(exp, run, base, a, c), free, kind)
+        for estimate in runs:
+            check_memory(estimate.with_activations(a, c), free, kind)
     return size_warnings(exp)
 
 
@@ -134,6 +137,13 @@ class MemoryEstimate:
     batch_size: int
     seq_len: int
     processes: int = 1
+    activation_scale: float = 1.0
+
+    def with_activations(self, per_token: float, per_token2: float = 0.0) -> MemoryEstimate:
+        """The estimate with its activations: batch x (a T + c T^2), scaled to the dtype."""
+        T = self.seq_len
+        acts = self.batch_size * (per_token * T + per_token2 * T * T) * self.activation_scale
+        return dataclasses.replace(self, activations=math.ceil(acts))
 
     def on_device(self, kind: str) -> int:
         """Bytes that must fit on one device of `kind` (a GPU holds no data), all
@@ -169,10 +179,9 @@ def param_bytes(precision: str) -> int:
     return 8 if precision in ("64-true", "64") else 4
 
 
-def static_estimate(exp: Experiment, run: str, variant: str, per_token: float | None = None,
-                    per_token2: float = 0.0) -> MemoryEstimate:
-    """The estimate of one run of `variant` (a sweep's grid point, or the variant itself);
-    the activations only once measured (`per_token`, `per_token2`: activation_bytes)."""
+def static_estimate(exp: Experiment, run: str, variant: str) -> MemoryEstimate:
+    """The estimate of one run of `variant` (a sweep's grid point, or the variant itself)
+    from the config alone; the activations are added once measured (with_activations)."""
     config = exp.variant_config(run)
     data, model, train = exp.data, config["model"], config["train"]
     block = {k: v for k, v in config["block"].items() if k != "name"}
@@ -181,17 +190,14 @@ def static_estimate(exp: Experiment, run: str, variant: str, per_token: float | 
                           config["block"]["name"], block, d_mlp, data.seq_len,
                           model["norm"], model["tie_embeddings"])
     b = param_bytes(train["precision"])
-    acts = None
-    if per_token is not None:
-        scale = b / 4 if train["precision"] in ("16-true", "bf16-true", "64-true", "64") else 1
-        T = data.seq_len
-        acts = math.ceil(data.batch_size * (per_token * T + per_token2 * T * T) * scale)
     return MemoryEstimate(
         variant=variant, params=params, weights=params * b, gradients=params * b,
         optimizer=params * b * OPTIMIZER_STATES.get(train["optimizer"], 2),
-        activations=acts, data=16 * (data.train_size + data.val_size) * data.seq_len,
+        activations=None, data=16 * (data.train_size + data.val_size) * data.seq_len,
         probe=probe_bytes(exp, block.get("n_heads", 1)), batch_size=data.batch_size,
-        seq_len=data.seq_len, processes=processes(exp))
+        seq_len=data.seq_len, processes=processes(exp),
+        # activations were measured in fp32: "true" 16- or 64-bit precision scales them
+        activation_scale=b / 4 if "true" in train["precision"] or b == 8 else 1.0)
 
 
 def probe_bytes(exp: Experiment, n_heads: int) -> int:
@@ -222,10 +228,10 @@ def bounded_config(exp: Experiment, variant: str) -> dict:
     return {**config, "model": {**config["model"], "max_len": length}}
 
 
-def saved_bytes(model: torch.nn.Module, tokens: torch.Tensor, backward: bool = True) -> int:
+def saved_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> int:
     """Bytes autograd keeps for backward in one training forward on `tokens` [B, T] (the
-    loss included), each storage counted once; then backward runs (if asked), so that a
-    backend that fails only there fails here too."""
+    loss included), each storage counted once. No backward runs: what is kept is known
+    by then, and preflight's cost stays one short forward."""
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -233,32 +239,43 @@ def saved_bytes(model: torch.nn.Module, tokens: torch.Tensor, backward: bool = T
         seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits = model(tokens)  # [B, T, vocab]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
-    if backward:
-        loss.backward()
+        F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
     return sum(seen.values())
 
 
 def activation_bytes(model: torch.nn.Module, variant: str, seq_len: int,
                      accelerator: str) -> tuple[float, float]:
-    """(a, c): saved bytes per token and per token squared, from two short sequences
-    (c > 0 only where a backend stores T x T scores). Backend failures name the variant;
-    on an accelerator the backends resolve per device, so only the CPU's are checked."""
+    """(a, c): saved bytes per token, and per token squared. One short sequence gives a;
+    only a model with a block on a reference kernel (which forms T x T scores) is measured
+    at three lengths, for b(T) = k + a T + c T^2: chunked kernels pad short sequences, and
+    a fit across lengths would read their padding as a quadratic term. Backend failures
+    name the variant; on an accelerator the backends resolve per device, so only the
+    CPU's are checked."""
     T = min(seq_len, PREFLIGHT_TOKENS)
-    lengths = sorted({min(seq_len, PREFLIGHT_TOKENS // 2), T})
     try:
-        sizes = [saved_bytes(model, torch.zeros(1, t, dtype=torch.long), backward=t == T) / t
-                 for t in lengths]  # backward once, at the longer length
+        saved = saved_bytes(model, torch.zeros(1, T, dtype=torch.long))
+        if T < 4 or not quadratic(model):
+            return saved / T, 0.0
+        lengths = (T // 4, T // 2, T)
+        sizes = [*(saved_bytes(model, torch.zeros(1, t, dtype=torch.long))
+                   for t in lengths[:2]), saved]
     except BackendUnavailable as e:
         if device_kind(accelerator) != "cpu":
             return 0.0, 0.0  # the first step on the device tells
         raise BackendUnavailable(f"variants.{variant}: {e}") from e
-    if len(sizes) == 1:
-        return sizes[0], 0.0
-    c = max(0.0, (sizes[1] - sizes[0]) / (lengths[1] - lengths[0]))
-    return sizes[1] - c * lengths[1], c
+    powers = torch.tensor([[1.0, t, t * t] for t in lengths], dtype=torch.float64)
+    _, a, c = torch.linalg.solve(powers, torch.tensor(sizes, dtype=torch.float64)).tolist()
+    c = max(0.0, c)
+    return max(a, (saved - c * T * T) / T), c
+
+
+def quadratic(model: torch.nn.Module) -> bool:
+    """Whether a block ran a reference kernel in the last forward (an SSM's backend reads
+    'scan+conv')."""
+    return any("reference" in str(getattr(block, "backend", "")).split("+")
+               for block in getattr(model, "blocks", []))
 
 
 # ---------------------------------------------------------------- what is available

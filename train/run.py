@@ -31,6 +31,7 @@ from .fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightnin
 from .io import read_yaml, write_yaml
 from .module import NonFiniteLoss
 from .preflight import preflight as sizes_preflight
+from .preflight import write_notes
 from .results import DIVERGED_FILE, EXPERIMENT_FILE, report_markdown
 from .status import STATUS_FILE, read_status
 from .sweep import best_runs, summarize, sweep_markdown, write_summary
@@ -45,7 +46,7 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     quiet_lightning()
     exp_dir = Path(runs_dir) / exp.name
     check_settings(exp)
-    preflight(exp)
+    notes = preflight(exp)
     if not is_global_zero():
         # a rank that a launcher re-ran (e.g. Lightning's ddp): rank zero prepared the run
         # directory already; train alongside it, silently, and write nothing of our own
@@ -59,6 +60,7 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     exp_dir.mkdir(parents=True, exist_ok=True)
     try:
         write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
+        write_notes(exp_dir, notes)
         entries, summary = train_all(exp, exp_dir, resume, console)
     except NonFiniteLoss:  # a finding: the directory keeps the notes that say where
         raise

@@ -11,13 +11,16 @@ For the blocks: a result of the right shape, or a ValueError/TypeError with a me
 never an IndexError or RuntimeError from deep inside. NaN or inf in the input may come
 out as NaN in the output (nothing is masked), but it is no crash.
 
-The default budget (FAST) keeps this file well under a minute; `pytest -m slow` runs the
-same properties much longer (LONG), and resumes corrupted runs.
+The default budget (FAST: 50 examples a property, 150 for the blocks, 4 for `train` on an
+existing run) keeps this file well under a minute (about 10 s on 2 cores); `pytest -m
+slow` runs the same properties on 200 examples each, unseeded (LONG), plots included, and
+resumes corrupted runs (about 2 minutes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import budgets
@@ -39,7 +42,7 @@ from train.config import parse_experiment
 from train.io import write_json, write_yaml
 from train.model import build_model
 
-FAST = settings(max_examples=25, deadline=None, database=None, derandomize=True,
+FAST = settings(max_examples=50, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
 LONG = settings(max_examples=200, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -84,6 +87,7 @@ def chdir(path: Path):
 
 def assert_clean_exit(code: int, err: str) -> None:
     """Exit 0, or exit 2 with exactly one error line; never a traceback."""
+    event(f"exit {code}")  # --hypothesis-show-statistics: the mixture of good and bad
     assert "Traceback" not in err, err
     errors = [line for line in err.splitlines() if line.startswith("rankzoo: error:")]
     assert code in (0, 2), (code, err)
@@ -206,6 +210,8 @@ def corrupt_run(run: Path, data) -> None:
     for name in data.draw(st.lists(st.sampled_from(RUN_FILES), min_size=1, max_size=2,
                                    unique=True)):
         path = run / name
+        if not path.is_file():  # a trained run that is no sweep has no sweep.json
+            continue
         how = data.draw(st.sampled_from(["structure", "structure", "bytes", "remove"]))
         if how == "remove":
             path.unlink()
@@ -214,7 +220,9 @@ def corrupt_run(run: Path, data) -> None:
                              else corrupt_bytes(path.read_bytes(), data))
 
 
-def report_property(template: Path, data) -> None:
+def report_property(template: Path, data, plots: bool = False) -> None:
+    """`report` on a copy of the run with one or two files corrupted (with `plots`, also
+    `--plot DIR` now and then: figures go into DIR and nowhere else)."""
     with scratch() as root:
         run = root / "runs" / "tiny"
         shutil.copytree(template, run)
@@ -224,12 +232,15 @@ def report_property(template: Path, data) -> None:
         before = snapshot(root / "runs")
         target = run / data.draw(st.sampled_from(["", "mha", "ssm"]))
         fmt = data.draw(st.sampled_from(["table", "json", "md"]))
-        code, out, err = run_cli(["report", target, "--format", fmt], cwd)
+        plot = ["--plot", root / "plots"] if plots and data.draw(st.integers(0, 3)) == 0 else []
+        code, out, err = run_cli(["report", target, "--format", fmt, *plot], cwd)
         assert_clean_exit(code, err)
         if code == 0 and fmt == "json":
             json.loads(out)  # one JSON document, nothing else
         assert snapshot(root / "runs") == before  # report never writes
         assert not any(cwd.iterdir())
+        assert {p.name for p in root.iterdir()} <= {"runs", "cwd", "plots"}
+        assert all(p.suffix == ".png" for p in root.glob("plots/*"))
 
 
 @FAST
@@ -242,7 +253,7 @@ def test_report_on_corrupted_runs(template, data):
 @LONG
 @given(data=st.data())
 def test_report_on_corrupted_runs_long(template, data):
-    report_property(template, data)
+    report_property(template, data, plots=True)
 
 
 def refuse_property(template: Path, data) -> None:
@@ -295,23 +306,35 @@ OVERRIDE = (st.tuples(KEY, PLAUSIBLE).map(lambda kv: f"{kv[0]}={json.dumps(kv[1]
                                "variants={}", "-x=1", "train.max_steps"]))
 
 
+VALID_OVERRIDE = st.sampled_from([
+    "train.max_steps=5", "data.seq_len=16", "model.n_layers=1", "train.lr=1e-3",
+    "variants.mha.n_kv_heads=1", "match.params=true", "monitor.probe_size=4",
+    "train.optimizer=muon", "data={task: markov, rank: 2}", "block_defaults.n_heads=4",
+    "variants.gqa={block: softmax, n_kv_heads: 1}", "match={state: true, tolerance: 0.5}"])
+
+
 def config_property(data) -> None:
+    """A generated experiment (valid, or with wrong values, unknown keys, a mangled tree
+    or corrupt bytes) and overrides (valid, or not) through `train --dry-run`."""
     raw = json.loads(json.dumps(TINY))
-    for _ in range(data.draw(st.integers(0, 3))):
+    clean = data.draw(st.booleans())  # about half the examples are valid throughout
+    for _ in range(0 if clean else data.draw(st.integers(0, 3))):
         key = data.draw(KEY).split(".")
         node = raw
         for part in key[:-1]:
             node = node.setdefault(part, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node[key[-1]] = data.draw(PLAUSIBLE | VALUES)
-    if data.draw(st.integers(0, 5)) == 0:
+    raw = copy.deepcopy(raw)  # the strategies' own values (e.g. [1, 2]) stay untouched
+    if not clean and data.draw(st.integers(0, 5)) == 0:
         raw = mutate(raw, data)
-    overrides = data.draw(st.lists(OVERRIDE, max_size=3))
+    overrides = data.draw(st.lists(VALID_OVERRIDE if clean else VALID_OVERRIDE | OVERRIDE,
+                                   max_size=3))
+    corrupt = not clean and data.draw(st.integers(0, 5)) == 0
     with scratch() as root:
         config = root / "exp.yaml"
         text = yaml.safe_dump(raw).encode()
-        config.write_bytes(corrupt_bytes(text, data) if data.draw(st.integers(0, 5)) == 0
-                           else text)
+        config.write_bytes(corrupt_bytes(text, data) if corrupt else text)
         cwd = root / "cwd"
         cwd.mkdir()
         fmt = data.draw(st.sampled_from(["table", "json"]))
@@ -411,7 +434,7 @@ def mixing_heads(block, n_heads: int) -> int:
     return block.mixing_matrices(torch.zeros(1, 2, D)).shape[1]
 
 
-@settings(FAST, max_examples=60)
+@settings(FAST, max_examples=150)
 @given(data=st.data())
 def test_blocks_take_any_tensor(blocks, data):
     blocks_property(blocks, data)

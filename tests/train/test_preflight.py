@@ -89,7 +89,7 @@ def test_the_cli_refuses_before_touching_the_run_directory(tmp_path, capsys, mon
 
 def test_estimate_terms_follow_the_formula():
     exp = tiny()
-    e = static_estimate(exp, "mha", "mha", per_token=1000.0, per_token2=2.0)
+    e = static_estimate(exp, "mha", "mha").with_activations(1000.0, 2.0)
     P = e.params
     assert build_model(exp.variant_config("mha")).param_count() == P
     assert (e.weights, e.gradients, e.optimizer) == (4 * P, 4 * P, 8 * P)  # AdamW: 2 states
@@ -97,21 +97,23 @@ def test_estimate_terms_follow_the_formula():
     assert e.data == 16 * (32 + 8) * 16
     assert e.probe == 3 * 4 * 4 * 2 * 16 * 16  # 3 copies x fp32 x probe x heads x T x T
     lion = tiny(train={"optimizer": "lion", "precision": "bf16-true"})
-    e = static_estimate(lion, "mha", "mha", per_token=1000.0)
+    e = static_estimate(lion, "mha", "mha").with_activations(1000.0)
     assert (e.weights, e.optimizer, e.activations) == (2 * P, 2 * P, 4 * 1000 * 16 // 2)
 
 
 def test_measured_activations_match_a_full_length_forward():
     """The activation term, measured on at most PREFLIGHT_TOKENS, against autograd's saved
     tensors of a real forward at batch x seq_len: never below, at most 20% above (the
-    fixed costs of a short sequence are counted per token)."""
-    exp = tiny(data={"seq_len": 384, "batch_size": 3, "num_kv_pairs": 4})
-    for variant in ("mha", "ssm"):
+    fixed costs of a short sequence are counted per token), a reference kernel's T x T
+    scores included."""
+    exp = tiny(data={"seq_len": 384, "batch_size": 3, "num_kv_pairs": 4},
+               variants={"ref": {"block": "softmax", "backend": "reference"}})
+    for variant in ("mha", "ssm", "ref"):
         a, c = pf.activation_bytes(build_model(bounded_config(exp, variant)), variant, 384,
                                    "cpu")
-        estimate = static_estimate(exp, variant, variant, a, c).activations
+        estimate = static_estimate(exp, variant, variant).with_activations(a, c).activations
         real = saved_bytes(build_model(exp.variant_config(variant)),
-                           torch.zeros(3, 384, dtype=torch.long), backward=False)
+                           torch.zeros(3, 384, dtype=torch.long))
         assert real <= estimate <= 1.2 * real, (variant, estimate, real)
 
 

@@ -274,3 +274,15 @@ def test_read_yaml_keeps_its_contract(tmp_path):
     path.write_text("[1, 2]\n")
     with pytest.raises(ValueError, match=r"x\.yaml: expected an object, got \[1, 2\]"):
         read_yaml(path)
+
+
+def test_an_undecided_erank_is_read_and_drawn(run, tmp_path, capsys):
+    """The matrix-free probe leaves an erank null where it could not decide it: the
+    schema lets it through, and the figures skip it."""
+    ranks = run / "mha" / "ranks.jsonl"
+    records = [json.loads(line) for line in ranks.read_text().splitlines()]
+    for record in records:
+        record["layers"][0]["quantities"]["mixing_centered"]["erank"][0] = None
+    ranks.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(run), "--plot", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "rank_over_training.png").is_file()

@@ -93,6 +93,8 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
     raw = dict(raw)
     block = raw.pop("block", None)
     require(block is not None, f"{where}.block is missing; one of {zoo.names()}")
+    require(isinstance(block, str), f"{where}.block must be one of {zoo.names()}, got "
+                                    f"{block!r}")  # a list would not even hash
     try:
         cls = zoo.block_class(block)
     except ValueError as e:

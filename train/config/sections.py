@@ -111,8 +111,8 @@ class DataConfig(StrictConfig):
 def check_data_keys(raw: dict[str, Any]) -> None:
     """Reject keys that exist but belong to another task, naming the task's keys."""
     task = raw.get("task", "mqar")
-    if task not in TASK_KEYS:
-        return  # DataConfig.validate names the bad task
+    if not isinstance(task, str) or task not in TASK_KEYS:
+        return  # DataConfig names the bad task (a list would not even hash)
     allowed = [*COMMON_DATA_KEYS, *TASK_KEYS[task]]
     for key in raw:
         if key not in allowed:
