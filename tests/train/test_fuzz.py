@@ -35,12 +35,10 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import budgets
 import zoo
 from train.cli import main
-from train.config import parse_experiment
-from train.io import write_json, write_yaml
-from train.model import build_model
+
+from .conftest import write_run as write_run_dir
 
 FAST = settings(max_examples=50, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
@@ -167,33 +165,8 @@ def corrupt_structure(path: Path, data) -> bytes:
 # ---------------------------------------------------------------- a run directory
 
 def write_run(root: Path, raw: dict = TINY) -> Path:
-    """runs/<name>/ as a finished run leaves what `report` reads: experiment.yaml,
-    sweep.json (written, never read back) and per variant config.yaml, ranks.jsonl and
-    report.json (a probe of the untrained model stands in for training)."""
-    exp = parse_experiment(raw)
-    exp_dir = root / exp.name
-    exp_dir.mkdir(parents=True)
-    write_yaml(exp_dir / "experiment.yaml", exp.to_dict())
-    write_json(exp_dir / "sweep.json", {"experiment": exp.name, "groups": []})
-    tokens = torch.randint(0, exp.data.vocab_size, (2, exp.data.seq_len),
-                           generator=torch.Generator().manual_seed(0))
-    for name in exp.variants:
-        vdir = exp_dir / name
-        vdir.mkdir()
-        model = build_model(exp.variant_config(name))
-        probe = budgets.probe_model(model, tokens, eps=0.1, with_spectra=name == "mha")
-        for layer in probe["layers"]:  # as lists, the way --plot reads them back
-            layer.get("spectra", {}).update(
-                (q, s.tolist()) for q, s in layer.get("spectra", {}).items())
-        (vdir / "ranks.jsonl").write_text("".join(json.dumps({"step": s, **probe}) + "\n"
-                                                  for s in (2, 4)))
-        entry = {"probe": probe, "step": 4, "params": model.param_count(),
-                 "metrics": {"val/accuracy": 0.5, "val/loss": 2.0}}
-        report = budgets.build_report({name: entry}, experiment=exp.name)
-        (vdir / "report.json").write_text(budgets.to_json(report) + "\n")
-        write_yaml(vdir / "config.yaml", {**exp.variant_config(name),
-                                          "params": model.param_count()})
-    return exp_dir
+    """A finished-looking run (conftest.write_run) with sweep.json and mha's spectra."""
+    return write_run_dir(root, raw, steps=(2, 4), spectra=True, sweep=True)
 
 
 RUN_FILES = ["experiment.yaml", "sweep.json", "mha/report.json", "mha/ranks.jsonl",

@@ -9,16 +9,15 @@ trained one): what is tested is reading them back, and that takes no training.
 import json
 
 import pytest
-import torch
 import yaml
 
-import budgets
 from budgets.schema import Int, ListOf, Maybe, Number, Record, check, read_json, read_text
 from train.cli import main
-from train.config import load_experiment, parse_experiment
+from train.config import load_experiment
 from train.hf_io import adapter_dir, model_type_of
-from train.io import read_yaml, write_yaml
-from train.model import build_model
+from train.io import read_yaml
+
+from .conftest import write_run as write_run_dir
 
 TINY = {
     "name": "tiny", "seed": 0,
@@ -32,28 +31,8 @@ TINY = {
 
 
 def write_run(root, raw=TINY):
-    """runs/<name>/ as train_experiment leaves it (the files `report` reads): experiment.yaml,
-    and per variant config.yaml, ranks.jsonl (steps 5 and 10) and report.json."""
-    exp = parse_experiment(raw)
-    exp_dir = root / exp.name
-    exp_dir.mkdir(parents=True)
-    write_yaml(exp_dir / "experiment.yaml", exp.to_dict())
-    tokens = torch.randint(0, exp.data.vocab_size, (2, exp.data.seq_len),
-                           generator=torch.Generator().manual_seed(0))
-    for name in exp.variants:
-        vdir = exp_dir / name
-        vdir.mkdir()
-        model = build_model(exp.variant_config(name))
-        probe = budgets.probe_model(model, tokens, eps=0.1)
-        (vdir / "ranks.jsonl").write_text("".join(json.dumps({"step": s, **probe}) + "\n"
-                                                  for s in (5, 10)))
-        entry = {"probe": probe, "step": 10, "params": model.param_count(),
-                 "metrics": {"val/accuracy": 0.5, "val/loss": 2.0}}
-        report = budgets.build_report({name: entry}, experiment=exp.name)
-        (vdir / "report.json").write_text(budgets.to_json(report) + "\n")
-        write_yaml(vdir / "config.yaml", {**exp.variant_config(name),
-                                          "params": model.param_count()})
-    return exp_dir
+    """A finished-looking run (conftest.write_run): ranks.jsonl at steps 5 and 10."""
+    return write_run_dir(root, raw, steps=(5, 10))
 
 
 @pytest.fixture
