@@ -11,6 +11,21 @@ from train.io import write_json, write_yaml
 from train.model import build_model
 
 
+def tiny_markov(name: str, checkpoint_every: int) -> dict:
+    """A one-variant Markov experiment that trains 6 steps in about a second."""
+    return {
+        "name": name, "seed": 0,
+        "data": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
+                 "train_size": 32, "val_size": 8, "batch_size": 8},
+        "model": {"d_model": 16, "n_layers": 1},
+        "block_defaults": {"n_heads": 2},
+        "variants": {"mha": {"block": "softmax"}},
+        "train": {"max_steps": 6, "warmup_steps": 1, "val_every_n_steps": 3,
+                  "checkpoint_every_n_steps": checkpoint_every, "log_every_n_steps": 3},
+        "monitor": {"every_n_steps": 3, "probe_size": 2, "histograms": False},
+    }
+
+
 def write_run(root: Path, raw: dict, steps: tuple[int, ...] = (5, 10), spectra: bool = False,
               sweep: bool = False) -> Path:
     """runs/<name>/ as a finished run leaves what `report` reads: experiment.yaml (and

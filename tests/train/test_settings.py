@@ -22,18 +22,10 @@ from train.config.sections import ACCELERATORS, PRECISIONS, STRATEGIES, device_r
 from train.run import train_experiment
 from train.status import read_status
 
+from .conftest import tiny_markov
+
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {
-    "name": "settings", "seed": 0,
-    "data": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
-             "train_size": 32, "val_size": 8, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 6, "warmup_steps": 1, "val_every_n_steps": 3,
-              "checkpoint_every_n_steps": 3, "log_every_n_steps": 3},
-    "monitor": {"every_n_steps": 3, "probe_size": 2, "histograms": False},
-}
+TINY = tiny_markov("settings", checkpoint_every=3)
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 NO_XLA = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
                             reason="torch_xla is installed")

@@ -21,17 +21,9 @@ from train.results import load_run
 from train.run import train_experiment
 from train.status import STATUS_FILE, describe_status, read_status, write_status
 
-TINY = {
-    "name": "st", "seed": 0,
-    "data": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
-             "train_size": 32, "val_size": 8, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 6, "warmup_steps": 1, "val_every_n_steps": 3,
-              "checkpoint_every_n_steps": 2, "log_every_n_steps": 3},
-    "monitor": {"every_n_steps": 3, "probe_size": 2, "histograms": False},
-}
+from .conftest import tiny_markov
+
+TINY = tiny_markov("st", checkpoint_every=2)
 QUIET = Console(quiet=True)
 
 
