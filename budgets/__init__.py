@@ -2,18 +2,20 @@
 
 budgets knows nothing of zoo or Lightning: the probes read any model whose blocks offer
 `budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`
-(budgets.hf probes a loaded Hugging Face model the same way). budgets measures and
-returns data; loading files and rendering tables are the CLI's (train/hf_io.py,
-train/render.py).
+(optionally `key_value_heads`; budgets.hf probes a loaded Hugging Face model the same
+way). budgets measures and returns data; loading files and rendering tables are the CLI's
+(train/hf_io.py, train/render.py).
 """
 
 from .adapters import adapter_ranks, lowrank_singular_values
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
+from .heads import head_stats
 from .matfree import AttentionMixing, FactoredMixing, operator_metrics
 from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
 from .probes import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
 from .report import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
 from .spectra import product_spectrum, spectrum
+from .streams import MASSIVE_RATIO, kv_head_figures, residual_figures
 from .verdicts import VERDICTS, VerdictThresholds, annotate
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "AXIS_OF_QUANTITY",
     "AttentionMixing",
     "FactoredMixing",
+    "MASSIVE_RATIO",
     "MATFREE_FROM",
     "METRICS",
     "ProbeProgress",
@@ -32,7 +35,9 @@ __all__ = [
     "attention_budget",
     "adapter_ranks",
     "build_report",
+    "head_stats",
     "is_probeable",
+    "kv_head_figures",
     "load_report",
     "operator_metrics",
     "lowrank_singular_values",
@@ -40,6 +45,7 @@ __all__ = [
     "probeable_blocks",
     "product_spectrum",
     "rank_metrics",
+    "residual_figures",
     "singular_values",
     "spectrum",
     "spectrum_metrics",

@@ -6,9 +6,13 @@
 One forward pass over the probe batch [B, T] gives, per layer, what a zoo block's probe
 methods give:
 
-  attention       softmax(q k^T) -> mixing, mixing_centered, past_future   (per head)
+  attention       softmax(q k^T) -> mixing, mixing_centered, past_future   (per head),
+                                    past_future_lengths, heads
   attention input [B, T, D]      -> hidden_centered  (what the layer's attention reads)
-  keys, values    [B, G, T, K]   -> inference.k, inference.v  (joint over KV heads, [B, T, G*K])
+  layer input     [B, T, D]      -> residual  (the residual stream, massive activations)
+  keys, values    [B, G, T, K]   -> inference.k, inference.v  (joint over KV heads, [B, T, G*K]);
+                                    kv_heads (per KV head; keys before RoPE from k_proj,
+                                    or k_norm where the model normalizes its keys)
   weights         W_Q^h W_K^h^T [D, D] per head -> qk; W_V^T [D, G*V] -> value; W_O -> out
 
 against caps declared from the config alone (budgets/hf_layouts.py), exactly as zoo's
@@ -48,14 +52,21 @@ from .probes import (
     ProbeProgress,
     add_adapters,
     final_hidden_metrics,
+    first_tensor,
     measure,
-    measure_mixing,
-    measure_mixing_matfree,
+    mixing_figures,
+    mixing_figures_matfree,
+    residual_owner,
+    stream_figures,
     summarize_spectrum,
 )
 from .report import build_report
+from .streams import MASSIVE_RATIO, kv_head_figures
 
 ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
+# layouts whose attention rotates keys by RoPE (every supported model type but GPT-2's
+# learned absolute positions): their kv_heads measure keys before RoPE too
+ROPE_LAYOUTS = ("llama",)
 # the name the matrix-free probe registers its attention function under in transformers
 MATFREE_ATTENTION = "rankzoo_matfree"
 
@@ -114,12 +125,14 @@ class _Probe:
     with_spectra: bool = False
     k_max: int = K_MAX
     progress: Callable[[ProbeProgress], None] | None = None
+    massive_ratio: float = MASSIVE_RATIO
     layers: dict[int, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.g = Geometry.from_config(self.model.config)
-        self.attention = EXTRACTORS[layout_of(self.g.model_type, type(self.model).__name__)](
-            self.model)
+        layout = layout_of(self.g.model_type, type(self.model).__name__)
+        self.rope = layout in ROPE_LAYOUTS
+        self.attention = EXTRACTORS[layout](self.model)
         if len(self.attention) != self.g.n_layers:
             raise ValueError(f"{self.g.model_type}: found {len(self.attention)} attention "
                              f"layers, but the config declares num_hidden_layers="
@@ -129,13 +142,25 @@ class _Probe:
         self.names = {m: n for n, m in self.model.named_modules()}
         self.start = time.perf_counter()
 
-    def record(self, i: int, mixing: dict, x: torch.Tensor, kv) -> None:
-        """Layer i's entry from its measured mixing quantities, its input x [B, T, D] and
-        its keys and values [B, G, T, K]; then the progress callback."""
+    def record(self, i: int, figures: tuple[dict, dict], x: torch.Tensor, kv,
+               streams: dict[str, dict[int, torch.Tensor]]) -> None:
+        """Layer i's entry from its mixing figures (mixing_figures), its input x [B, T, D],
+        its keys and values [B, G, T, K] and what _layer_streams caught of it (taken out
+        of `streams`); then the progress callback."""
         module, w = self.attention[i]
         name = self.names[module]
-        layer = _layer_entry(i, name, self.g, self.model.config, w, module, mixing, x, kv,
-                             self.eps)
+        quantities, extras = figures
+        quantities["hidden_centered"], residual = stream_figures(
+            x, streams["residual"].pop(i, None), self.eps, self.massive_ratio)
+        if residual is not None:
+            extras["residual"] = residual
+        heads = {"k": kv[0], "v": kv[1]}
+        k_pre = streams["k_pre_rope"].pop(i, None)
+        if k_pre is not None:  # the tokens the cache keeps (a window's last W - 1)
+            heads["k_pre_rope"] = k_pre[..., k_pre.shape[-2] - kv[0].shape[-2]:, :]
+        extras["kv_heads"] = kv_head_figures(heads, self.eps)
+        layer = _layer_entry(i, name, self.g, self.model.config, w, module, quantities, x, kv,
+                             self.eps, extras)
         # LoRA pairs anywhere in the decoder layer (attention or MLP), if an adapter
         # was loaded; rows are named relative to the layer (self_attn.q_proj, ...)
         add_adapters(layer, self.model.get_submodule(name.rpartition(".")[0]), self.eps)
@@ -148,11 +173,10 @@ class _Probe:
 
 
 def _layer_entry(i: int, name: str, g: Geometry, config, w: AttnWeights, module: nn.Module,
-                 mixing: dict, x: torch.Tensor, kv, eps: float) -> dict:
+                 mixing: dict, x: torch.Tensor, kv, eps: float, extras: dict) -> dict:
     g.check(i, w)
     T = x.shape[1]
-    measured = dict(mixing)  # mixing, mixing_centered, past_future
-    measured["hidden_centered"] = measure(x.float(), eps, center=True, batch_dims=1)
+    measured = dict(mixing)  # mixing, mixing_centered, past_future, hidden_centered
     measured.update(weight_quantities(w, g, eps))
     measured["inference.k"] = measure(_joint(kv[0]), eps, batch_dims=1)
     measured["inference.v"] = measure(_joint(kv[1]), eps, batch_dims=1)
@@ -161,6 +185,7 @@ def _layer_entry(i: int, name: str, g: Geometry, config, w: AttnWeights, module:
         "layer": i, "name": name, "block": g.model_type,
         "budget": declared_budget(g, T, window_of(config, i), params).to_dict(),
         "quantities": {q: m for q, (m, _) in measured.items()},
+        **extras,  # past_future_lengths, heads, residual, kv_heads
         # matrix-free quantities have no spectrum (an empty one): nothing to keep or plot
         "spectra": {q: s for q, (_, s) in measured.items() if s.numel()},
     }
@@ -176,6 +201,53 @@ def _attention_inputs(modules: dict[nn.Module, int]):
         seen[modules[module]] = (args[0] if args else kwargs["hidden_states"]).detach()
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _pre_rope_module(attention: nn.Module) -> nn.Module | None:
+    """The module whose output is the keys RoPE rotates: k_norm where the model normalizes
+    its keys per head (Qwen3, Gemma 3, OLMo 2), else the k projection."""
+    for name in ("k_norm", "k_proj"):
+        if isinstance(getattr(attention, name, None), nn.Module):
+            return getattr(attention, name)
+    return None
+
+
+@contextlib.contextmanager
+def _layer_streams(p: _Probe):
+    """Collect, by layer index for the wanted layers, {"residual": the decoder layer's
+    input [B, T, D] (the residual stream; probes.residual_owner), "k_pre_rope": the keys
+    before RoPE [B, G, T, K] (RoPE layouts only)}."""
+    seen: dict[str, dict[int, torch.Tensor]] = {"residual": {}, "k_pre_rope": {}}
+    G, K = p.g.n_kv_heads, p.g.head_dim
+
+    def residual_hook(i):
+        def hook(module, args, kwargs):
+            x = first_tensor(args, kwargs)
+            if x is not None:
+                seen["residual"][i] = x.detach()
+        return hook
+
+    def key_hook(i):
+        def hook(module, args, out):
+            B, T = out.shape[:2]  # [B, T, G*K] from k_proj, [B, T, G, K] from k_norm
+            seen["k_pre_rope"][i] = out.detach().reshape(B, T, G, K).transpose(1, 2)
+        return hook
+
+    handles = []
+    for i in p.wanted:
+        module = p.attention[i][0]
+        owner = residual_owner(p.model, p.names[module])
+        if owner is not None:
+            handles.append(p.model.get_submodule(owner).register_forward_pre_hook(
+                residual_hook(i), with_kwargs=True))
+        keys = _pre_rope_module(module) if p.rope else None
+        if keys is not None:
+            handles.append(keys.register_forward_hook(key_hook(i)))
     try:
         yield seen
     finally:
@@ -206,11 +278,12 @@ def _forward(model, ids: torch.Tensor, g: Geometry) -> tuple[dict, float]:
 def _probe_exact(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Every layer's probabilities [B, H, T, T] from the eager path, decomposed; returns
     (final hidden states [B, T, D], loss)."""
-    with _attention_inputs(p.index) as inputs:
+    with _attention_inputs(p.index) as inputs, _layer_streams(p) as streams:
         out, loss = _forward(p.model, ids, p.g)
     kv = _kv_pairs(out)
     for i in p.wanted:
-        p.record(i, measure_mixing(out["attentions"][i].float(), p.eps), inputs[i], kv[i])
+        p.record(i, mixing_figures(out["attentions"][i].float(), p.eps), inputs[i], kv[i],
+                 streams)
     # the last entry is the final norm's output, what the LM head reads
     return out["hidden_states"][-1], loss
 
@@ -257,7 +330,8 @@ def _scale(kwargs: dict, query: torch.Tensor) -> float:
     return query.shape[-1] ** -0.5 if scaling is None else float(scaling)  # SDPA's default
 
 
-def _measuring_attention(p: _Probe, inputs: dict[int, torch.Tensor], sdpa: Callable):
+def _measuring_attention(p: _Probe, inputs: dict[int, torch.Tensor], streams: dict,
+                         sdpa: Callable):
     """An attention function (transformers' interface) that measures each wanted layer from
     its queries [B, H, T, K] and keys [B, G, T, K], then attends as SDPA does."""
 
@@ -272,7 +346,7 @@ def _measuring_attention(p: _Probe, inputs: dict[int, torch.Tensor], sdpa: Calla
                                      kwargs.get("sliding_window"), softcap)
         if i in p.wanted:
             kv = _as_cached(key, value, kwargs.get("sliding_window"))
-            p.record(i, measure_mixing_matfree(mixing, p.eps, p.k_max), x, kv)
+            p.record(i, mixing_figures_matfree(mixing, p.eps, p.k_max), x, kv, streams)
         if softcap is not None:
             return _softcapped_output(mixing, value), None
         return sdpa(module, query, key, value, attention_mask, **kwargs)
@@ -317,8 +391,9 @@ def _probe_matfree(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
     hidden states [B, T, D], loss). No attention probabilities, no cache, no per-layer
     hidden states are kept."""
     sdpa = _transformers_attention()[3]
-    with (_attention_inputs(p.index) as inputs, _head_input(p.model) as head,
-          _attention_implementation(p.model, _measuring_attention(p, inputs, sdpa))):
+    with (_attention_inputs(p.index) as inputs, _layer_streams(p) as streams,
+          _head_input(p.model) as head,
+          _attention_implementation(p.model, _measuring_attention(p, inputs, streams, sdpa))):
         out = p.model(input_ids=ids, use_cache=False)
     missing = [i for i in p.wanted if i not in p.layers]
     if missing:
@@ -332,11 +407,12 @@ def _probe_matfree(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: bool = False,
                    *, layers: list[int] | None = None, matfree_from: int | None = MATFREE_FROM,
-                   k_max: int = K_MAX, progress: Callable[[ProbeProgress], None] | None = None
-                   ) -> tuple[dict, float]:
+                   k_max: int = K_MAX, progress: Callable[[ProbeProgress], None] | None = None,
+                   massive_ratio: float = MASSIVE_RATIO) -> tuple[dict, float]:
     """(probe in probe_model's format, mean next-token loss) of a loaded HF model on ids [B, T].
 
     `layers`: the indices to measure (None: all); the others run but are not measured.
+    `massive_ratio`: a residual token is massive above this multiple of the median norm.
     From T >= matfree_from (None: never) attention ranks are measured matrix-free (module
     docstring; rank_eps decided up to k_max values) and the probe says so in "matfree".
     `progress` is called with a ProbeProgress after each measured layer.
@@ -344,10 +420,11 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: boo
     check_eps(eps)  # before the forward pass, so a bad eps costs nothing
     T = int(ids.shape[1])
     matfree = matfree_from is not None and matfree_from <= T
-    p = _Probe(model, eps, layers, with_spectra, k_max, progress)  # checks the layers
+    p = _Probe(model, eps, layers, with_spectra, k_max, progress, massive_ratio)  # checks layers
     with torch.no_grad():
         final, loss = (_probe_matfree if matfree else _probe_exact)(p, ids)
-    probe = {"seq_len": T, "eps": float(eps), "layers": [p.layers[i] for i in p.wanted],
+    probe = {"seq_len": T, "eps": float(eps), "batch_size": int(ids.shape[0]),
+             "layers": [p.layers[i] for i in p.wanted],
              "final_hidden": final_hidden_metrics(final, eps)}
     if matfree:
         probe["matfree"] = {"from": matfree_from, "k_max": k_max}

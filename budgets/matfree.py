@@ -139,6 +139,34 @@ class AttentionOperator(Operator):
     def fro2(self) -> torch.Tensor:
         return self._fro2
 
+    def _pair_scores(self, d: int) -> torch.Tensor:
+        """Masked scores of each query t of the rows with the key t - d: [*batch, m]."""
+        r0, r1 = max(self.rows[0], d), self.rows[1]
+        S = (self.q[..., r0:r1, :] * self.k[..., r0 - d:r1 - d, :]).sum(-1) * self.scale
+        if self.softcap:
+            S = self.softcap * torch.tanh(S / self.softcap)
+        if self.window is not None and d >= self.window:  # outside every query's window
+            S = torch.full_like(S, float("-inf"))
+        missing = r0 - self.rows[0]  # queries t < d have no key t - d
+        return torch.nn.functional.pad(S, (missing, 0), value=float("-inf"))
+
+    def column(self, s: int) -> torch.Tensor:
+        """P[t, s] for the queries t of the rows, [*batch, m], whatever the block's columns:
+        one score per query against the streamed log-sum-exp, O(T K) (P e_s without the
+        pass over all keys that matmul would take)."""
+        t = torch.arange(*self.rows, device=self.device)
+        S = (self.q[..., self.rows[0]:self.rows[1], :] @ self.k[..., s, :].unsqueeze(-1)
+             ).squeeze(-1) * self.scale  # [*batch, m]
+        if self.softcap:
+            S = self.softcap * torch.tanh(S / self.softcap)
+        seen = s <= t if self.window is None else (s <= t) & (s > t - self.window)
+        return torch.exp(S.masked_fill(~seen, float("-inf")) - self._lse)
+
+    def band(self, width: int) -> torch.Tensor:
+        """sum of P[t, s] over t - width < s <= t for the queries t of the rows, [*batch, m]:
+        the mass on the query itself and the width - 1 keys before it, O(width T K)."""
+        return sum(torch.exp(self._pair_scores(d) - self._lse) for d in range(width))
+
 
 class CenteredOperator(Operator):
     """A - 1 mu^T with mu = A^T 1 / m, the mean row: what centered metrics measure."""
@@ -300,6 +328,15 @@ class AttentionMixing:
         T = self.q.shape[-2]
         return self.operator((T // 2, T), (0, T // 2))
 
+    @property
+    def seq_len(self) -> int:
+        return self.q.shape[-2]
+
+    def prefix(self, t: int) -> AttentionMixing:
+        """The mixing of the first t tokens: causal, so the top-left t x t corner."""
+        return AttentionMixing(self.q[..., :t, :], self.k[..., :t, :], self.scale,
+                               self.window, self.softcap)
+
 
 @dataclass
 class FactoredMixing:
@@ -315,6 +352,10 @@ class FactoredMixing:
 
     def past_future(self) -> LowRank:
         return LowRank(self.L, self.R)
+
+    @property
+    def seq_len(self) -> int:
+        return self.L.shape[-2] + self.R.shape[-2]
 
 
 def block_metrics(block: Operator | LowRank, eps: float, k_max: int = K_MAX

@@ -1,25 +1,47 @@
 """Verdicts and advice: what the declared-vs-realized figures of a report mean.
 
-    annotate(report)                      # adds verdicts, "collapsed", "advice", "thresholds"
-    annotate(report, VerdictThresholds(saturated=0.8))
+    annotate(report)                      # adds verdicts, head classes, "advice", ...
+    annotate(report, VerdictThresholds(saturated=0.8, cache_dtype="float16"))
+    check_advice(report)                  # [] when every advised bound holds on the probe
 
 Per axis row, from utilization u = realized (mean over heads) / declared:
   saturated         u >= saturated (0.9): the cap binds; more rank might help
   healthy           between the two
   over-provisioned  u < over_provisioned (0.25): most of the declared rank goes unused
-Per layer: collapsed when the centered mixing erank <= collapsed_erank (2): the layer mixes
-tokens along at most ~2 directions (rank collapse, Dong et al. 2021). The centered erank is
-used because raw softmax matrices read rank ~1 whenever attention is near-uniform.
+Per layer: heads are classified (budgets/classify.py; the rules go to report["head_rules"]);
+heads whose centered energy is below HeadRules.dead_energy of the raw have no valid centered
+figures, so mixing_centered_erank averages the other heads (null if none) and
+"centered_na" says how many were left out. collapsed: that centered mixing erank <=
+collapsed_erank (2): the layer mixes tokens along at most ~2 directions (rank collapse,
+Dong et al. 2021); raw softmax ranks read ~1 whenever attention is near-uniform.
 
-Advice is computed from the figures only, using realized_max (max over heads, rounded up)
-so that no head the model uses would be cut off:
-  kv_cache      per variant: sum of declared inference caps / sum of realized inference ranks
-  lora_rank     per variant with adapters: the largest realized adapter rank, vs declared r
-  cheaper_block per layer: past_future realized max m <= cheaper_block_util * declared, so a
-                block whose state caps that rank at m (linear attention's F, an SSM's N:
-                their mixing matrices are m-semiseparable) could represent what the layer
-                realized. Not a window: a low-rank past->future block says nothing about
+Advice is given only for a variant that finished and learned (its `status`, when it has
+one): otherwise one "no_advice" item says why. Every advised bound holds on the probe: it is
+rank_eps_max (max over every sample of the batch) maxed over heads, rounded up; it is
+checked against those figures before it is emitted and carries "conditions": {eps,
+batch_size, seq_len, checked, max_observed}; check_advice(report) re-verifies the advice of
+a report against its figures. A probe without rank_eps_max (older files) gets no bound
+advice on data-dependent ranks, and one note saying so.
+  cheaper_block per layer: the past->future rank m (max over samples and heads) is <=
+                cheaper_block_util * declared, decided (not a matrix-free lower bound), and
+                flat over the probe's lengths (T/4, T/2, T): max at T <= max at the shortest
+                length + max(flat_abs, flat_rel * that) (1, 10%). Then a block whose fixed
+                state caps that rank (linear attention's F, an SSM's N = m: their mixing
+                matrices are m-semiseparable) could represent what the layer realized. A
+                rank that grows with T gets a "grows_with_t" item instead: no fixed state
+                serves it. Not a window: a low-rank past->future block says nothing about
                 locality, and a window's rank bound W - 1 does not work the other way.
+  kv_cache      per layer with KV heads (softmax family): the bytes of the cache at
+                cache_dtype (bfloat16: 2 B), per KV head g with ranks r_k, r_v (rank_eps_max
+                rounded up): full (K + V) B per token; low-rank (r_k + r_v) B per token plus
+                bases (K r_k + V r_v) B once per sequence, amortized at the probe's T; ratio
+                full / low-rank at T. For keys after RoPE and, with RoPE, before it (what
+                low-rank KV methods compress). Emitted when a ratio reaches min_compression;
+                one "kv_cache_summary" per variant sums the layers. To be checked with
+                `rankzoo compress`.
+  lora_rank     per variant with adapters: the largest realized adapter rank vs declared r
+                (an adapter is a weight: its rank_eps is exact, no samples involved).
+  collapsed     per collapsed layer (above); a finding, not a bound.
 """
 
 from __future__ import annotations
@@ -27,7 +49,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .classify import HeadRules, classify_heads
+
 VERDICTS = ("saturated", "healthy", "over-provisioned")
+# bytes per cached element; a dtype not here is a ValueError naming the known ones
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
+COMPRESS = "to be checked with `rankzoo compress`"
+KEY_LABEL = {"k_pre_rope": "keys before RoPE", "k": "keys after RoPE"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +64,11 @@ class VerdictThresholds:
     over_provisioned: float = 0.25  # utilization < this: the cap is mostly unused
     collapsed_erank: float = 2.0    # centered mixing erank <= this: the layer collapsed
     cheaper_block_util: float = 0.5  # suggest a cheaper block only if it at least halves the cap
-    min_compression: float = 1.25   # advise a low-rank KV cache only from this ratio up
+    min_compression: float = 1.25   # advise a low-rank KV cache only from this ratio up (at T)
+    flat_abs: float = 1.0           # past->future rank flat over T: grows by at most
+    flat_rel: float = 0.1           # max(flat_abs, flat_rel * rank at the shortest length)
+    cache_dtype: str = "bfloat16"   # the dtype the KV bytes are counted in
+    heads: HeadRules = HeadRules()  # head classes (budgets/classify.py)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.over_provisioned < self.saturated:
@@ -45,6 +77,16 @@ class VerdictThresholds:
         if not 0.0 < self.cheaper_block_util <= 1.0:
             raise ValueError(f"cheaper_block_util must lie in (0, 1], "
                              f"got {self.cheaper_block_util}")
+        if self.flat_abs < 0 or self.flat_rel < 0:
+            raise ValueError(f"flat_abs ({self.flat_abs}) and flat_rel ({self.flat_rel}) "
+                             f"must be >= 0")
+        if self.cache_dtype not in DTYPE_BYTES:
+            raise ValueError(f"cache_dtype {self.cache_dtype!r} is not one of "
+                             f"{sorted(DTYPE_BYTES)}")
+
+    @property
+    def cache_bytes(self) -> int:
+        return DTYPE_BYTES[self.cache_dtype]
 
 
 def axis_verdict(utilization: float | None, th: VerdictThresholds) -> str | None:
@@ -60,9 +102,20 @@ def is_collapsed(centered_erank: float | None, th: VerdictThresholds) -> bool:
     return centered_erank is not None and centered_erank <= th.collapsed_erank
 
 
-def _realized(row: dict) -> int:
-    # rank_eps is an integer per head; the max over heads is too, ceil guards float noise.
-    return math.ceil((row.get("realized_max") or 0) - 1e-9)
+def is_flat(at_shortest: float, at_T: float, th: VerdictThresholds) -> bool:
+    """Whether a past->future rank stays flat from the shortest probed length to T."""
+    return at_T <= at_shortest + max(th.flat_abs, th.flat_rel * at_shortest)
+
+
+def _ceil(x: float) -> int:
+    # rank_eps is an integer per sample and head; ceil guards float noise in the max.
+    return math.ceil(x - 1e-9)
+
+
+def _max(xs) -> float | None:
+    """The max of measured values; None when any is missing (nothing to bound)."""
+    xs = list(xs or [])
+    return None if not xs or any(x is None for x in xs) else float(max(xs))
 
 
 def _rows(variant: dict, axis: str):
@@ -72,46 +125,35 @@ def _rows(variant: dict, axis: str):
                 yield layer, row
 
 
-def kv_cache_advice(variant: dict, th: VerdictThresholds) -> list[dict]:
-    rows = [row for _, row in _rows(variant, "inference")]
-    declared, realized = sum(r["declared"] for r in rows), sum(_realized(r) for r in rows)
-    if not rows or realized <= 0 or declared < th.min_compression * realized:
-        return []
-    ratio = declared / realized
-    return [{"kind": "kv_cache", "variant": variant["variant"], "declared": declared,
-             "realized": realized, "ratio": ratio,
-             "text": f"{variant['variant']}: inference state realizes rank {realized} of "
-                     f"{declared} declared (sum over layers): a low-rank cache could be "
-                     f"~{ratio:.1f}x smaller"}]
+def _conditions(variant: dict, max_observed, checked: bool = True) -> dict:
+    return {"eps": variant["eps"], "batch_size": variant.get("batch_size"),
+            "seq_len": variant["seq_len"], "checked": checked, "max_observed": max_observed}
 
 
-def lora_advice(variant: dict) -> list[dict]:
-    rows = [row for _, row in _rows(variant, "adapter")]
-    if not rows:
-        return []
-    declared, realized = max(r["declared"] for r in rows), max(_realized(r) for r in rows)
-    suggested = max(1, realized)
-    tail = (f"r = {suggested} would serve" if suggested < declared
-            else f"r = {declared} binds; try a larger r")
-    return [{"kind": "lora_rank", "variant": variant["variant"], "declared": declared,
-             "realized": realized, "suggested": suggested,
-             "text": f"{variant['variant']}: adapters realize rank <= {realized} of "
-                     f"r = {declared}: {tail}"}]
+def _samples(variant: dict) -> str:
+    b = variant.get("batch_size")
+    return f"{b} samples" if b else "the probe's samples"
 
 
-def cheaper_block_advice(variant: dict, th: VerdictThresholds) -> list[dict]:
-    out = []
-    for layer, row in _rows(variant, "mixing"):
-        m = _realized(row)
-        if row["declared"] and m <= th.cheaper_block_util * row["declared"]:
-            state = max(m, 1)
-            out.append({"kind": "cheaper_block", "variant": variant["variant"],
-                        "layer": layer["layer"], "realized": m, "declared": row["declared"],
-                        "state": state,
-                        "text": f"{variant['variant']} layer {layer['layer']}: the past->future "
-                                f"mixing realizes rank <= {m} of {row['declared']}: a state of "
-                                f"{state} (linear attention's F, an SSM's N) caps the same rank"})
-    return out
+def _rests_on(variant: dict) -> str:
+    return (f"max over {_samples(variant)} and every head, eps {variant['eps']:g}, "
+            f"T = {variant['seq_len']}")
+
+
+# ---------------------------------------------------------------- per layer: heads, collapse
+
+def _centered_view(layer: dict, rules: HeadRules) -> None:
+    """Classify the heads; average the centered erank over the heads where it is valid."""
+    heads = classify_heads(layer["heads"], rules)
+    erank, ok = heads.get("centered_erank"), heads["centered_ok"]
+    layer.pop("centered_na", None)
+    if erank is None or all(x is None for x in erank):
+        return  # nothing per head to average: keep the probe's layer mean
+    kept = [e for e, good in zip(erank, ok, strict=True) if good and e is not None]
+    layer["mixing_centered_erank"] = sum(kept) / len(kept) if kept else None
+    if not all(ok):
+        layer["centered_na"] = (f"{ok.count(False)} of {len(ok)} heads: centered energy < "
+                                f"{rules.dead_energy:g} of raw")
 
 
 def collapse_advice(variant: dict) -> list[dict]:
@@ -122,21 +164,318 @@ def collapse_advice(variant: dict) -> list[dict]:
             for layer in variant["layers"] if layer.get("collapsed")]
 
 
+# ---------------------------------------------------------------- cheaper block
+
+def _length_maxima(layer: dict) -> list[tuple[int, float]] | None:
+    """(t, max over samples and heads of the past->future rank at length t), ascending;
+    None when some length is undecided (a matrix-free lower bound) or lacks maxima."""
+    out = []
+    for entry in layer.get("past_future_lengths") or []:
+        m = _max(entry.get("rank_eps_max"))
+        if entry.get("lower_bound") or m is None:
+            return None
+        out.append((int(entry["seq_len"]), m))
+    return sorted(out)
+
+
+def cheaper_block_advice(variant: dict, th: VerdictThresholds) -> list[dict]:
+    """cheaper_block items for flat low-rank layers; one grows_with_t item naming the
+    low-rank layers whose rank grows with T; one note for those not measured over T."""
+    name, out, growing, unmeasured = variant["variant"], [], [], []
+    for layer, row in _rows(variant, "mixing"):
+        m = row.get("realized_max_sample")
+        if m is None or row.get("lower_bound") or not row["declared"]:
+            continue
+        if _ceil(m) > th.cheaper_block_util * row["declared"]:
+            continue
+        lengths = _length_maxima(layer)
+        if not lengths or len(lengths) < 2:
+            unmeasured.append(layer["layer"])
+            continue
+        (t0, m0), (t1, m1) = lengths[0], lengths[-1]
+        if not is_flat(m0, m1, th):
+            growing.append(f"layer {layer['layer']}: {_ceil(m0)} at T = {t0} -> {_ceil(m1)} "
+                           f"at T = {t1}")
+            continue
+        state = max(1, _ceil(max(m, *(x for _, x in lengths))))
+        out.append({
+            "kind": "cheaper_block", "variant": name, "layer": layer["layer"],
+            "realized": _ceil(m), "declared": row["declared"], "state": state,
+            "lengths": [t for t, _ in lengths],
+            "conditions": _conditions(variant, m),
+            "text": f"{name} layer {layer['layer']}: the past->future mixing realizes rank "
+                    f"<= {state} of {row['declared']} ({_rests_on(variant)}), flat over T = "
+                    f"{', '.join(str(t) for t, _ in lengths)} ({_ceil(m0)} -> {_ceil(m1)}): "
+                    f"a block with a fixed state of {state} (linear attention with F = "
+                    f"{state}, or an SSM with N = {state}) caps the same rank"})
+    if growing:
+        out.append({"kind": "grows_with_t", "variant": name,
+                    "text": f"{name}: past->future rank grows with T ({'; '.join(growing)}): "
+                            f"no fixed state serves these layers"})
+    if unmeasured:
+        out.append({"kind": "note", "variant": name,
+                    "text": f"{name}: layers {', '.join(map(str, unmeasured))} realize a low "
+                            f"past->future rank, but the probe did not measure it at several "
+                            f"lengths (T >= 32 and a current probe needed): whether a fixed "
+                            f"state serves them is unknown"})
+    return out
+
+
+# ---------------------------------------------------------------- KV cache in bytes
+
+def kv_option(kv: dict, key: str, nbytes: int, T: int) -> dict | None:
+    """Bytes of a low-rank cache holding `key` (k or k_pre_rope) and v of one layer, per
+    KV head and summed; None when some head lacks its rank_eps_max."""
+    K = kv["head_dim"]
+    V = kv.get("v_head_dim", K)
+    maxima_k, maxima_v = kv[key].get("rank_eps_max"), kv["v"].get("rank_eps_max")
+    if _max(maxima_k) is None or _max(maxima_v) is None:
+        return None
+    rk, rv = [_ceil(x) for x in maxima_k], [_ceil(x) for x in maxima_v]
+    per_token = [(a + c) * nbytes for a, c in zip(rk, rv, strict=True)]
+    basis = [(K * a + V * c) * nbytes for a, c in zip(rk, rv, strict=True)]
+    at_T = sum(per_token) + sum(basis) / T
+    full = (K + V) * kv["n_kv_heads"] * nbytes
+    return {"rank_k": rk, "rank_v": rv, "bytes_per_token": sum(per_token),
+            "basis_bytes": sum(basis), "bytes_per_token_at_T": at_T,
+            "ratio_at_T": full / at_T if at_T else None,
+            "per_head_bytes_per_token": per_token, "per_head_basis_bytes": basis}
+
+
+def _kv_keys(kv: dict) -> list[str]:
+    return ["k_pre_rope", "k"] if kv.get("rope") and "k_pre_rope" in kv else ["k"]
+
+
+def _option_text(key: str, opt: dict, T: int, rope: bool) -> str:
+    label = KEY_LABEL[key] if rope else "keys"
+    ratio = "-" if opt["ratio_at_T"] is None else f"{opt['ratio_at_T']:.2f}x"
+    return (f"{label} (ranks {opt['rank_k']}) + values (ranks {opt['rank_v']}): "
+            f"{opt['bytes_per_token']} B/token + {opt['basis_bytes']} B of bases per sequence "
+            f"= {opt['bytes_per_token_at_T']:.1f} B/token at T = {T} ({ratio})")
+
+
+def _kv_layer(variant: dict, layer: dict, th: VerdictThresholds) -> dict | None:
+    kv, T, b = layer["kv_heads"], variant["seq_len"], th.cache_bytes
+    options = {key: kv_option(kv, key, b, T) for key in _kv_keys(kv)}
+    if any(opt is None for opt in options.values()):
+        return None
+    K, G = kv["head_dim"], kv["n_kv_heads"]
+    V = kv.get("v_head_dim", K)
+    full = (K + V) * G * b
+    observed = {key: kv[key]["rank_eps_max"] for key in (*options, "v")}
+    top = max(_max(xs) for xs in observed.values())
+    name, i = variant["variant"], layer["layer"]
+    return {
+        "kind": "kv_cache", "variant": name, "layer": i, "dtype": th.cache_dtype,
+        "bytes_per_element": b, "seq_len": T, "n_kv_heads": G, "head_dim": K, "v_head_dim": V,
+        "rope": bool(kv.get("rope")), "full_bytes_per_token": full, "options": options,
+        "observed": observed,  # rank_eps_max per KV head, of each matrix the ranks bound
+        "conditions": _conditions(variant, top),
+        "text": f"{name} layer {i}: KV cache at {th.cache_dtype} ({b} B/element), {G} KV "
+                f"heads x (K {K} + V {V}): full {full} B/token. A low-rank cache, "
+                + "; ".join(_option_text(k, o, T, bool(kv.get("rope")))
+                            for k, o in options.items())
+                + f". Ranks: {_rests_on(variant)}; {COMPRESS}"}
+
+
+def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict:
+    name, T = variant["variant"], variant["seq_len"]
+    full = sum(it["full_bytes_per_token"] for it in items)
+    options = {}
+    for key in ("k_pre_rope", "k"):
+        if all(key in it["options"] for it in items):
+            per_token = sum(it["options"][key]["bytes_per_token"] for it in items)
+            basis = sum(it["options"][key]["basis_bytes"] for it in items)
+            at_T = per_token + basis / T
+            options[key] = {"bytes_per_token": per_token, "basis_bytes": basis,
+                            "bytes_per_token_at_T": at_T,
+                            "ratio_at_T": full / at_T if at_T else None}
+    rope = any(it["rope"] for it in items)
+    parts = [f"{KEY_LABEL[k] if rope else 'keys'} + values: {o['bytes_per_token']} B/token + "
+             f"{o['basis_bytes']} B of bases = {o['bytes_per_token_at_T']:.1f} B/token at "
+             f"T = {T} ({'-' if o['ratio_at_T'] is None else format(o['ratio_at_T'], '.2f')}x)"
+             for k, o in options.items()]
+    return {"kind": "kv_cache_summary", "variant": name, "layers": len(items),
+            "dtype": th.cache_dtype, "full_bytes_per_token": full, "options": options,
+            "conditions": _conditions(variant, None),
+            "text": f"{name}: KV cache over {len(items)} layers at {th.cache_dtype}: full "
+                    f"{full} B/token; a low-rank cache of " + "; ".join(parts)
+                    + f" (sum over layers; ranks: {_rests_on(variant)}); {COMPRESS}"}
+
+
+def kv_cache_advice(variant: dict, th: VerdictThresholds) -> list[dict]:
+    items = [it for layer in variant["layers"] if layer.get("kv_heads")
+             if (it := _kv_layer(variant, layer, th)) is not None]
+    if not items:
+        return []
+    worth = [it for it in items
+             if max((o["ratio_at_T"] or 0) for o in it["options"].values())
+             >= th.min_compression]
+    return [*worth, _kv_summary(variant, items, th)]
+
+
+# ---------------------------------------------------------------- adapters
+
+def lora_advice(variant: dict) -> list[dict]:
+    rows = [row for _, row in _rows(variant, "adapter")]
+    if not rows:
+        return []
+    declared = max(r["declared"] for r in rows)
+    observed = max(r.get("realized_max_sample", r["realized_max"]) or 0 for r in rows)
+    realized = _ceil(observed)
+    suggested = max(1, realized)
+    tail = (f"r = {suggested} would serve" if suggested < declared
+            else f"r = {declared} binds; try a larger r")
+    return [{"kind": "lora_rank", "variant": variant["variant"], "declared": declared,
+             "realized": realized, "suggested": suggested,
+             "conditions": _conditions(variant, observed),
+             "text": f"{variant['variant']}: adapters realize rank <= {realized} of "
+                     f"r = {declared} (eps {variant['eps']:g}): {tail}"}]
+
+
+# ---------------------------------------------------------------- checking advice
+
+def _layer(variant: dict, i: int) -> dict | None:
+    return next((ly for ly in variant["layers"] if ly["layer"] == i), None)
+
+
+def _check_cheaper_block(item: dict, variant: dict) -> list[str]:
+    where = f"{variant['variant']} layer {item['layer']}: cheaper_block state {item['state']}"
+    layer = _layer(variant, item["layer"])
+    row = None if layer is None else next(
+        (r for r in layer["axes"] if r["axis"] == "mixing"), None)
+    if row is None or row.get("realized_max_sample") is None:
+        return [f"{where}: no per-sample maxima to check it against"]
+    observed = dict(_length_maxima(layer) or [])  # {t: max over samples and heads}
+    T = variant["seq_len"]
+    observed[T] = max(observed.get(T, 0.0), row["realized_max_sample"])
+    return [f"{where} < rank {m:g} observed at T = {t} (max over samples and heads)"
+            for t, m in sorted(observed.items()) if item["state"] < _ceil(m)]
+
+
+def _check_kv(item: dict, variant: dict) -> list[str]:
+    where = f"{variant['variant']} layer {item['layer']}: kv_cache"
+    layer = _layer(variant, item["layer"])
+    kv = None if layer is None else layer.get("kv_heads")
+    if kv is None:
+        return [f"{where}: the layer has no KV head figures to check it against"]
+    bad = []
+    for key, opt in item["options"].items():
+        for q, ranks in ((key, opt["rank_k"]), ("v", opt["rank_v"])):
+            maxima = kv.get(q, {}).get("rank_eps_max") or []
+            if len(maxima) != len(ranks):
+                bad.append(f"{where}: {len(ranks)} {q} ranks for {len(maxima)} KV heads")
+            for g, (r, m) in enumerate(zip(ranks, maxima, strict=False)):
+                if m is None:
+                    bad.append(f"{where}: KV head {g} has no {q} maximum to check against")
+                elif r < _ceil(m):
+                    bad.append(f"{where}: {q} rank {r} of KV head {g} < {m:g} observed")
+    return bad
+
+
+def _check_lora(item: dict, variant: dict) -> list[str]:
+    rows = [row for _, row in _rows(variant, "adapter")]
+    observed = max((r.get("realized_max_sample", r["realized_max"]) or 0 for r in rows),
+                   default=0)
+    if item["suggested"] < _ceil(observed):
+        return [f"{variant['variant']}: lora_rank r = {item['suggested']} < adapter rank "
+                f"{observed:g} observed"]
+    return []
+
+
+CHECKS = {"cheaper_block": _check_cheaper_block, "kv_cache": _check_kv,
+          "lora_rank": _check_lora}
+
+
+def check_advice(report: dict) -> list[str]:
+    """Every advised bound of `report` re-verified against the figures it rests on (the
+    max over samples and heads); one line per violation, [] when all hold."""
+    variants = {v["variant"]: v for v in report["variants"]}
+    bad = []
+    for item in report.get("advice", []):
+        check = CHECKS.get(item["kind"])
+        if check is None:
+            continue
+        variant = variants.get(item.get("variant"))
+        if variant is None:
+            bad.append(f"{item['kind']} advice for unknown variant {item.get('variant')!r}")
+            continue
+        bad += check(item, variant)
+    return bad
+
+
+# ---------------------------------------------------------------- annotate
+
+def no_advice_reason(variant: dict) -> str | None:
+    """Why a variant gets no advice (its run did not finish, or did not learn), else None."""
+    status, name = variant.get("status"), variant["variant"]
+    if not status:
+        return None  # no status recorded (an older run, an HF model): advice as before
+    why = f" ({status['reason']})" if status.get("reason") else ""
+    if status.get("state") != "finished":
+        of = f" of {status['max_steps']}" if status.get("max_steps") else ""
+        return (f"{name}: no architecture advice: the run {status.get('state')} at step "
+                f"{status.get('step')}{of}{why}, so its ranks are not those of a trained model")
+    if status.get("learned") is False:
+        return (f"{name}: no architecture advice: the model did not learn the task{why}, so "
+                f"its ranks say nothing about what the task needs")
+    return None
+
+
+def _lacks_maxima(variant: dict) -> bool:
+    """Whether the probe lacks per-sample maxima on its data-dependent rows."""
+    return any(row.get("realized_max_sample") is None for layer in variant["layers"]
+               for row in layer["axes"] if row["axis"] in ("mixing", "inference"))
+
+
+def _verified(items: list[dict], variant: dict) -> list[dict]:
+    """The items whose bound holds on the figures (all, unless a rule above is wrong)."""
+    kept = []
+    for item in items:
+        check = CHECKS.get(item["kind"])
+        if check is None or not check(item, variant):
+            kept.append(item)
+    return kept
+
+
+def variant_advice(variant: dict, th: VerdictThresholds) -> tuple[list[dict], bool]:
+    """(advice for one variant, whether its bound advice was skipped for lack of maxima)."""
+    reason = no_advice_reason(variant)
+    if reason:
+        return [{"kind": "no_advice", "variant": variant["variant"], "text": reason}], False
+    items = collapse_advice(variant)
+    lacking = _lacks_maxima(variant)
+    if not lacking:
+        items += cheaper_block_advice(variant, th) + kv_cache_advice(variant, th)
+    return _verified(items + lora_advice(variant), variant), lacking
+
+
 def annotate(report: dict, thresholds: VerdictThresholds | None = None) -> dict:
-    """Add verdicts per axis row, `collapsed` per layer, and the advice list, in place.
+    """Add verdicts per axis row, head classes and `collapsed` per layer, and the advice
+    list, in place.
 
     Recomputed from the figures every time, so a report read from disk gets the verdicts
     of the thresholds in use now, and merged reports get advice for all their variants.
     """
     th = thresholds or VerdictThresholds()
     advice: list[dict] = []
+    lacking = []
     for v in report["variants"]:
         for layer in v["layers"]:
+            if layer.get("heads"):
+                _centered_view(layer, th.heads)
             layer["collapsed"] = is_collapsed(layer.get("mixing_centered_erank"), th)
             for row in layer["axes"]:
                 row["verdict"] = axis_verdict(row["utilization"], th)
-        advice += (collapse_advice(v) + cheaper_block_advice(v, th) + kv_cache_advice(v, th)
-                   + lora_advice(v))
+        items, lacks = variant_advice(v, th)
+        advice += items
+        if lacks:
+            lacking.append(v["variant"])
+    if lacking:
+        advice.append({"kind": "note", "text": f"no bound advice (cheaper block, low-rank "
+                       f"cache) for {', '.join(lacking)}: the probe lacks per-sample maxima "
+                       f"(rank_eps_max; a probe from an older rankzoo): re-probe for them"})
     report["thresholds"] = asdict(th)
+    report["head_rules"] = th.heads.text()
     report["advice"] = advice
     return report

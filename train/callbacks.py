@@ -3,7 +3,10 @@
 On global rank zero only, every `every_n_steps` optimizer steps and once at the end of
 training, the monitor runs `budgets.probe_model` on the probe batch and
 
-- appends one JSON line `{"step": global_step, **probe}` to `ranks.jsonl`;
+- appends one JSON line `{"step": global_step, **probe}` to `ranks.jsonl`; the final
+  measurement's (at max_steps) keeps each layer's singular-value spectra, {quantity:
+  [heads][k] floats to 6 significant digits}, so that every report can draw them (only
+  that one record: the file stays a few records' size, whatever the number of steps);
 - logs a handful of per-layer/per-head scalars through the trainer's loggers, e.g.
   `rank/L0/mixing_centered/erank/h0` and the layer mean `rank/L0/mixing_centered/erank/mean`;
 - adds singular-value histograms (`spectrum/L0/qk`) to TensorBoard.
@@ -11,8 +14,8 @@ training, the monitor runs `budgets.probe_model` on the probe batch and
 Sparse metrics go through `logger.log_metrics(..., step=global_step)`, never
 `pl_module.log`, which would re-emit stale values at every logging flush. A step already
 recorded in `ranks.jsonl` is never measured again, so a resumed run continues the file
-without duplicates (a resume first drops the records from its checkpoint's step on,
-train/checkpoint.py; on_train_start measures that step again).
+without duplicates (a resume first drops the records after its checkpoint's step,
+train/checkpoint.py; on_train_start measures the checkpoint's step if its record is gone).
 """
 
 from __future__ import annotations
@@ -82,6 +85,17 @@ def report_progress(step: int, p: budgets.ProbeProgress) -> None:
               f" · ETA {p.eta:.0f} s", file=sys.stderr, flush=True)
 
 
+def spectra_lists(spectra: dict[str, torch.Tensor]) -> dict[str, list[list[float]]]:
+    """Spectra as ranks.jsonl holds them: {quantity: [rows][k]} (a 1-D spectrum is one
+    row), each value to 6 significant digits (a plot needs no more; half the bytes)."""
+    out = {}
+    for quantity, s in spectra.items():
+        rows = s.detach().float().cpu().reshape(-1, s.shape[-1]).tolist() if s.numel() else []
+        if rows:
+            out[quantity] = [[float(f"{x:.6g}") for x in row] for row in rows]
+    return out
+
+
 class RankMonitor(Callback):
     def __init__(self, every_n_steps: int, probe_batch: torch.Tensor, eps: float = 0.1,
                  out_path: str | Path = "ranks.jsonl",
@@ -110,8 +124,8 @@ class RankMonitor(Callback):
             self.measure(trainer, pl_module)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        # A resumed fit starts at its checkpoint's step k, whose record and TensorBoard
-        # points train/fit.py dropped (TensorBoard purges from step k on): measure it again.
+        # A resumed fit starts at its checkpoint's step k, whose record was written before
+        # the checkpoint (train/fit.py keeps it): measure it only if it is missing.
         step = trainer.global_step
         if step > 0 and step % self.every_n_steps == 0:
             self.measure(trainer, pl_module)
@@ -126,12 +140,16 @@ class RankMonitor(Callback):
             return None
         model = getattr(pl_module, "model", pl_module)
         batch = self.probe_batch.to(pl_module.device)
+        final = step >= trainer.max_steps > 0
         with torch.autocast(pl_module.device.type, enabled=False):
             probe = budgets.probe_model(model, batch, eps=self.eps,
-                                        with_spectra=bool(self.histograms),
+                                        with_spectra=bool(self.histograms) or final,
                                         progress=partial(report_progress, step))
         spectra = {layer["layer"]: layer.pop("spectra", {}) for layer in probe["layers"]}
         record = {"step": step, **probe}
+        if final:  # the last measurement keeps them in ranks.jsonl, for the report's plots
+            record["layers"] = [{**layer, "spectra": spectra_lists(spectra[layer["layer"]])}
+                                for layer in probe["layers"]]
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
         with self.out_path.open("a") as f:  # one write per line: a crash leaves whole lines
             f.write(json.dumps(record, allow_nan=True) + "\n")

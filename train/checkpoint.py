@@ -9,16 +9,17 @@ streams, and run files holding only what the uninterrupted run would. So:
   temporary file and os.replace, so a kill mid-write leaves the previous checkpoint. It
   stores the RNG states and the step's metrics beside Lightning's state, and on loading
   moves the train sampler (train/data.py EpochBatches) to step k and restores the RNG.
-- TrainScalars logs the train/* scalars at the steps and values Lightning would, but
-  before the checkpoint: Lightning logs them after its checkpoint callbacks ran.
+- TrainScalars logs the train/* scalars (the module logs them with logger=False)
+  before the checkpoint: Lightning would log them after its checkpoint callbacks ran.
 - On resume, train/fit.py drops what the killed process wrote after the checkpoint:
-  TensorBoard points at steps >= k (SummaryWriter's purge_step), ranks.jsonl records at
-  steps >= k (drop_records_from). The rank monitor's points at step k itself go too, as
-  TensorBoard purges by step; the monitor measures step k again when the resumed fit
-  starts (RankMonitor.on_train_start), and the same weights give the same record.
+  TensorBoard points at steps > k (SummaryWriter's purge_step), ranks.jsonl records at
+  steps > k (drop_records_from). Everything of step k was written before its checkpoint,
+  so it stays, and the resumed fit goes on from step k + 1.
 
-TensorBoard steps as Lightning sets them: the train and validation scalars of the update
-that makes global step g sit at step g - 1, the rank monitor's at g.
+TensorBoard steps as the console shows them: every point of the update that makes global
+step g sits at step g (train and validation scalars, rank scalars and histograms), where
+Lightning would put the train and validation scalars at g - 1 (TrainScalars logs the
+train ones at g, and the module logs its validation step as the loggers' "step").
 """
 
 from __future__ import annotations
@@ -50,29 +51,40 @@ class StepCheckpoint(Callback):
         self.val_every_n_steps, self.batches, self.on_save = val_every_n_steps, batches, on_save
         self.saved_step = -1
         self.restored: dict[str, Any] = {}  # the loaded checkpoint's STATE_KEY entry
+        self.metrics: dict[str, float] | None = None  # what the save in progress records
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         # a step that validates is saved after its validation (on_validation_end): its
         # figures are logged by then, and Lightning resumes such a checkpoint past them
-        if step % self.every_n_steps == 0 and not self.validates_at(trainer, step):
+        if self.due(trainer, step) and not self.validates_at(trainer, step):
             self.save(trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         step = trainer.global_step
         if (trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-                and step % self.every_n_steps == 0 and step != self.saved_step):
+                and self.due(trainer, step) and step != self.saved_step):
             self.save(trainer)
+
+    def due(self, trainer, step: int) -> bool:
+        # the last step's checkpoint is train/fit.py's, after the final measurement and
+        # validation: then nothing is logged at a step after its checkpoint
+        return step % self.every_n_steps == 0 and step != trainer.max_steps
 
     def validates_at(self, trainer, step: int) -> bool:
         return trainer.enable_validation and step % self.val_every_n_steps == 0
 
-    def save(self, trainer) -> None:
-        """Flush the loggers, then write the checkpoint whole or not at all."""
+    def save(self, trainer, metrics: dict[str, float] | None = None) -> None:
+        """Flush the loggers, then write the checkpoint whole or not at all; it records
+        `metrics` as the step's (default: the trainer's callback metrics)."""
         for logger in trainer.loggers:
             logger.save()  # TensorBoard's writer buffers events; these belong to the checkpoint
         tmp = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(tmp)
+        self.metrics = metrics
+        try:
+            trainer.save_checkpoint(tmp)
+        finally:
+            self.metrics = None
         if trainer.is_global_zero:
             os.replace(tmp, self.path)
             if self.on_save is not None:
@@ -80,7 +92,8 @@ class StepCheckpoint(Callback):
         self.saved_step = trainer.global_step
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        metrics = (dict(self.metrics) if self.metrics is not None else
+                   {k: float(v) for k, v in trainer.callback_metrics.items()})
         checkpoint[STATE_KEY] = {"rng": rng_states(), "metrics": metrics}
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
@@ -103,8 +116,8 @@ class StepCheckpoint(Callback):
 
 class TrainScalars(Callback):
     """The train/* scalars (logged by the module with logger=False) to the loggers, every
-    `every_n_steps` steps at step global_step - 1 with the epoch beside them, as Lightning
-    logs them, but in on_train_batch_end: before StepCheckpoint, which runs last."""
+    `every_n_steps` steps at step global_step (the console's, the rank monitor's) with the
+    epoch beside them, in on_train_batch_end: before StepCheckpoint, which runs last."""
 
     def __init__(self, every_n_steps: int):
         self.every_n_steps = every_n_steps
@@ -117,7 +130,7 @@ class TrainScalars(Callback):
                    if k.startswith("train/")}
         metrics["epoch"] = trainer.current_epoch
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step - 1)
+            logger.log_metrics(metrics, step=step)
 
 
 def checkpoint_step(path: Path) -> int:

@@ -1,9 +1,10 @@
-"""The `rankzoo` command: blocks, train, report.
+"""The `rankzoo` command: blocks, pick, train, report.
 
 Every verb prints rich tables for people, or with `--format json` exactly one JSON
 document on stdout for programs (progress and notes go to stderr). Bad input ends with a
 one-line `rankzoo: error: ...` on stderr and exit code 2. Lightning is imported only by
-`train` (and matplotlib only by `report --plot`), so `blocks` and `report` start fast.
+`train` (and matplotlib only by `report --plot`), so `blocks`, `pick` and `report` start
+fast.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-import torch
 from rich.console import Console
-from rich.table import Table
 
-import zoo
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
+from . import pick
+from .blocks import blocks_document, blocks_tables
 from .config import load_experiment
 from .devices import check_experiment
 from .plan import plan_document, plan_table
@@ -48,13 +49,46 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rankzoo",
         description="An attention-architecture zoo with rank-budget accounting.")
-    sub = p.add_subparsers(dest="verb", required=True, metavar="{blocks,train,report}")
+    sub = p.add_subparsers(dest="verb", required=True,
+                           metavar="{blocks,pick,train,report}")
 
     b = sub.add_parser("blocks", help="the zoo: declared budgets, costs, kernels available here")
     b.add_argument("--d-model", type=_positive_int, default=256)
     b.add_argument("--n-heads", type=_positive_int, default=8)
     b.add_argument("--seq-len", type=_positive_int, default=1024)
+    b.add_argument("--cache-dtype", default="bf16", metavar="DTYPE",
+                   help="dtype the cache is counted in bytes at: bf16 (default), fp16, fp32, "
+                        "fp8, int8")
     b.add_argument("--format", choices=("table", "json"), default="table")
+
+    k = sub.add_parser("pick", help="size every block family's knob to a model's constraints; "
+                                    "the candidates, their costs and measured evidence")
+    k.add_argument("--d-model", type=_positive_int, required=True)
+    k.add_argument("--n-heads", type=_positive_int, required=True)
+    k.add_argument("--n-layers", type=_positive_int, required=True)
+    k.add_argument("--seq-len", type=_positive_int, required=True,
+                   help="the target length the cache and the caps are sized at")
+    k.add_argument("--cache-budget", required=True, metavar="BYTES",
+                   help="cache per sequence at --seq-len, all layers: 256KiB, 1MiB, 262144")
+    k.add_argument("--cache-dtype", default="bf16", metavar="DTYPE",
+                   help="dtype of the cache: bf16 (default), fp16, fp32, fp8, int8")
+    k.add_argument("--params-budget", metavar="N",
+                   help="the blocks' parameters, all layers (MLPs left out), e.g. 100M")
+    k.add_argument("--flops-budget", metavar="N",
+                   help="the blocks' FLOPs per token at --seq-len (prefill), all layers, "
+                        "e.g. 2G")
+    k.add_argument("--associations", type=_positive_int, default=16,
+                   help="key-value pairs the model must recall (16); --emit's MQAR pairs")
+    k.add_argument("--runs", nargs="+", metavar="DIR",
+                   help="finished runs (experiment or variant directories) whose "
+                        "measurements join the candidates they trained")
+    k.add_argument("--emit", metavar="FILE",
+                   help="write an experiment of the shortlist to FILE (.yaml) for "
+                        "`rankzoo train`")
+    k.add_argument("--shortlist", choices=("front", "all"), default="front",
+                   help="with --emit: the Pareto front (default) or every candidate")
+    k.add_argument("--force", action="store_true", help="with --emit: overwrite FILE")
+    k.add_argument("--format", choices=("table", "json"), default="table")
 
     t = sub.add_parser("train", help="train the side-by-side variants of an experiment")
     t.add_argument("config", help="experiment YAML, e.g. configs/quick.yaml")
@@ -190,81 +224,50 @@ def _check_hf_probe_options(p: argparse.ArgumentParser, args: argparse.Namespace
 
 # ---------------------------------------------------------------- blocks
 
-BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
-
-
-def blocks_document(d_model: int, n_heads: int, seq_len: int) -> dict:
-    """Every block's presets at these sizes; a preset that cannot be built there gets a row
-    with its reason under "error" (and null figures) instead of failing the listing."""
-    if d_model % n_heads:  # the sizes themselves are wrong, not one preset
-        raise ValueError(f"--n-heads {n_heads} must divide --d-model {d_model}: the blocks "
-                         "split d_model into heads")
-    rows = []
-    for name in zoo.names():
-        cls = zoo.block_class(name)
-        presets = cls.variants(d_model, n_heads) if hasattr(cls, "variants") else [(name, {})]
-        for label, kwargs in presets:
-            rows.append(block_row(name, label, {"d_model": d_model, "n_heads": n_heads,
-                                                **kwargs}, seq_len))
-    if all(row.get("error") for row in rows):
-        raise ValueError(f"no block can be built at d_model={d_model}, n_heads={n_heads}: "
-                         f"e.g. {rows[0]['variant']!r}: {rows[0]['error']}")
-    return {"d_model": d_model, "n_heads": n_heads, "seq_len": seq_len, "blocks": rows,
-            "backends": zoo.backends_available()}
-
-
-def block_row(name: str, label: str, kwargs: dict, seq_len: int) -> dict:
-    """One preset's row: its declared budget and costs, or why it cannot be built."""
-    row = {"block": name, "variant": label, "kwargs": kwargs}
-    try:
-        with torch.device("meta"):  # shapes and counts only: no weights at any size
-            block = zoo.build(name, **kwargs)
-            budget = block.budget(seq_len)
-    except (ValueError, TypeError) as e:
-        return {**row, "budget": None, "params": None, "cache_elements": None,
-                "flops_per_token": None, "error": str(e)}
-    return {**row,
-            "budget": {**{axis: getattr(budget, axis) for axis in BUDGET_AXES},
-                       "total": budget.total},
-            "params": budget.params or block.param_count(),
-            "cache_elements": budget.cache_elements,
-            "flops_per_token": budget.flops_per_token}
-
-
-def blocks_tables(doc: dict) -> list[Table]:
-    table = Table(title=f"rankzoo blocks at d_model={doc['d_model']}, n_heads={doc['n_heads']}, "
-                        f"seq_len={doc['seq_len']}",
-                  caption="declared rank caps per layer (total = value_path + adapter + "
-                          "inference); cache = elements per sequence at seq_len")
-    failed = any(row.get("error") for row in doc["blocks"])
-    for col in ("block", *BUDGET_AXES, "total", "params", "cache", "FLOPs/token",
-                *(("note",) if failed else ())):  # why a preset is missing, when one is
-        table.add_column(col, justify="left" if col in ("block", "note") else "right")
-    for row in doc["blocks"]:
-        table.add_row(*_block_cells(row), *((row.get("error") or "",) if failed else ()))
-    kernels = Table(title="kernel backends on this machine")
-    for col in ("op", "backend", "available"):
-        kernels.add_column(col)
-    for op, backends in doc["backends"].items():
-        for backend, reason in backends.items():
-            kernels.add_row(op, backend, "yes" if reason is None else f"no: {reason}")
-    return [table, kernels]
-
-
-def _block_cells(row: dict) -> list[str]:
-    if row.get("error"):
-        return [row["variant"], *("-" for _ in range(len(BUDGET_AXES) + 4))]
-    b = row["budget"]
-    return [row["variant"], *(str(b[a]) for a in BUDGET_AXES), str(b["total"]),
-            f"{row['params']:,}", f"{row['cache_elements']:,}", f"{row['flops_per_token']:,}"]
-
-
 def cmd_blocks(args, out: Console) -> int:
-    doc = blocks_document(args.d_model, args.n_heads, args.seq_len)
+    doc = blocks_document(args.d_model, args.n_heads, args.seq_len, args.cache_dtype)
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     else:
         for table in blocks_tables(doc):
+            out.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------- pick
+
+def cmd_pick(args, out: Console) -> int:
+    """Size every family's knob to the constraints; print the candidates; with --emit,
+    write the shortlist's experiment (never over an existing file without --force)."""
+    if args.force and args.emit is None:
+        raise ValueError("--force only applies with --emit FILE")
+    constraints = pick.Constraints(
+        d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
+        seq_len=args.seq_len, cache_budget=pick.parse_bytes(args.cache_budget),
+        cache_dtype=pick.dtype_name(args.cache_dtype),
+        params_budget=(None if args.params_budget is None
+                       else pick.parse_count(args.params_budget, "--params-budget")),
+        flops_budget=(None if args.flops_budget is None
+                      else pick.parse_count(args.flops_budget, "--flops-budget")),
+        associations=args.associations)
+    if args.emit is not None and Path(args.emit).exists() and not args.force:
+        raise FileExistsError(f"--emit {args.emit}: exists; pass --force to overwrite it "
+                              "(nothing was written)")  # before the work, not after it
+    doc = pick.pick_document(constraints, runs=args.runs or ())
+    for note in doc["notes"]:  # stderr: stdout stays one JSON document with --format json
+        print(f"rankzoo: note: {note}", file=sys.stderr)
+    if args.emit is not None:
+        raw = pick.emit(doc, args.emit, force=args.force, which=args.shortlist)
+        doc["emitted"] = {"path": args.emit, "experiment": raw["name"],
+                          "variants": list(raw["variants"])}
+        print(f"rankzoo: wrote {args.emit}: {len(raw['variants'])} variants "
+              f"({', '.join(raw['variants'])}), matched in parameters, on MQAR with "
+              f"{constraints.associations} key-value pairs at {constraints.seq_len} tokens; "
+              f"next: rankzoo train {args.emit}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        for table in pick.pick_tables(doc):
             out.print(table)
     return 0
 
@@ -289,7 +292,7 @@ def cmd_train(args, out: Console) -> int:
     if report is None:  # a non-zero rank of a distributed run: rank zero reports
         return 0
     summary = summarize(exp, report) if exp.sweep is not None else None
-    _print_report(report, summary, args.format, out)
+    _print_report(report, summary, args.format, out, advice=True)  # as `report` ends
     return 0
 
 
@@ -345,8 +348,7 @@ def _report_hf(args, out: Console) -> int:
     import budgets
     from budgets.hf import build_hf_report
 
-    from .render import hf_markdown, render_advice, render_hf_table, render_table
-    from .results import report_markdown
+    from .render import hf_report_markdown, render_advice, render_hf_table, render_table
 
     if args.plot:
         from .plots import prepare_dir
@@ -359,7 +361,7 @@ def _report_hf(args, out: Console) -> int:
     if args.format == "json":
         print(budgets.to_json(report))
     elif args.format == "md":
-        print(report_markdown(report) + "\n" + hf_markdown(report), end="")
+        print(hf_report_markdown(report), end="")
     else:
         out.print(render_table(report))
         out.print(render_hf_table(report))  # no training: no variant summary to show
@@ -411,14 +413,11 @@ def _show_progress(p) -> None:
 
 
 def _plot_hf(name: str, entry: dict, report: dict, out_dir: str) -> None:
-    from pathlib import Path
+    from .plots import write_probe_plots
 
-    from .plots import budget_figure, safe_name, save_figure, spectrum_figure
-
-    record = {"step": entry["step"], "layers": entry["probe"]["layers"]}
-    spectrum = Path(out_dir) / f"spectrum_{safe_name(name)}.png"
-    written = [save_figure(spectrum_figure(name, record), spectrum),
-               save_figure(budget_figure(report), Path(out_dir) / "declared_vs_realized.png")]
+    written, notes = write_probe_plots(name, entry, report, out_dir)
+    for note in notes:  # stderr: stdout stays one JSON document with --format json
+        print(f"rankzoo: {note}", file=sys.stderr)
     print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
 
 
@@ -437,7 +436,8 @@ def console(stderr: bool = False) -> Console:
     return c if c.is_terminal else Console(stderr=stderr, width=160)
 
 
-COMMANDS = {"blocks": cmd_blocks, "train": cmd_train, "report": cmd_report}
+COMMANDS = {"blocks": cmd_blocks, "pick": cmd_pick, "train": cmd_train,
+            "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

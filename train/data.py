@@ -93,6 +93,21 @@ class MQARSpec(StrictConfig):
         """Accuracy of guessing a value uniformly among those in the vocabulary."""
         return 1.0 / (self.vocab_size - self.vocab_size // 2)
 
+    @property
+    def guess_plateau(self) -> float:
+        """The validation accuracy of a model that has learned which tokens are values and
+        copies one of the example's n values from its context, without binding it to its
+        key: 1/n, well above chance_accuracy (1/num_values); MQAR training sits on this
+        plateau before recall is learned. With val_kv_pairs, the mean over labelled
+        positions (an n-pair example has n, the numbers come in equal shares): k / sum(n)."""
+        pairs = self.eval_kv_pairs
+        return len(pairs) / sum(pairs)
+
+    def baseline(self, seed: int) -> dict:
+        """What a model that learned nothing reaches (train/status.py judges against it)."""
+        return {"task": "mqar", "chance_accuracy": self.guess_plateau,
+                "entropy_floor": None, "unigram_loss": None}
+
 
 def make_mqar(spec: MQARSpec, num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (tokens [N, T], labels [N, T]) drawn deterministically from `seed`."""
@@ -306,6 +321,15 @@ class MarkovSpec(StrictConfig):
                 f"markov rank ({self.rank}) must be <= vocab_size ({self.vocab_size})")
         positive_number("markov", temperature=self.temperature)
 
+    def baseline(self, seed: int) -> dict:
+        """The entropy floor and unigram loss of the chain a run with this seed trains and
+        validates on (make_splits draws both splits' chain from the run's seed). The
+        sequences start from a uniform token, not from pi; a dense softmax chain forgets
+        its start within a few tokens, so the stationary figures are the per-token ones."""
+        floor, unigram = markov_baselines(markov_transitions(self, seed))
+        return {"task": "markov", "chance_accuracy": None, "entropy_floor": floor,
+                "unigram_loss": unigram}
+
 
 def markov_transitions(spec: MarkovSpec, seed: int) -> torch.Tensor:
     """Row-stochastic [V, V] matrix: softmax of a rank-`rank` logit matrix."""
@@ -314,6 +338,30 @@ def markov_transitions(spec: MarkovSpec, seed: int) -> torch.Tensor:
     a = torch.randn(spec.vocab_size, spec.rank, generator=g, dtype=torch.float64) * scale
     b = torch.randn(spec.vocab_size, spec.rank, generator=g, dtype=torch.float64) * scale
     return torch.softmax(a @ b.T / spec.temperature, dim=-1)  # [V, V]
+
+
+def stationary_distribution(P: torch.Tensor) -> torch.Tensor:
+    """pi [V] with pi P = pi, sum 1, of an irreducible row-stochastic P [V, V]: the solution
+    of pi (I - P + 1 1^T) = 1^T (the all-ones term pins the sum; the matrix is invertible
+    exactly when the chain is irreducible)."""
+    P = P.to(torch.float64)
+    V = P.shape[0]
+    A = torch.eye(V, dtype=P.dtype) - P + 1.0  # [V, V]
+    return torch.linalg.solve(A.T, torch.ones(V, dtype=P.dtype))  # [V]
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last dim (0 log 0 = 0)."""
+    return -torch.xlogy(p, p).sum(-1)
+
+
+def markov_baselines(P: torch.Tensor) -> tuple[float, float]:
+    """(entropy floor, unigram loss) in nats of the stationary chain with transitions P:
+    the floor H(X_t+1 | X_t) = sum_i pi_i H(P[i]) is the loss of the true next-token
+    distribution, the best any model can do; the unigram loss H(pi) is the loss of a model
+    that predicts the stationary token frequencies and ignores the context."""
+    pi = stationary_distribution(P)  # [V]
+    return float(pi @ entropy(P.to(torch.float64))), float(entropy(pi))
 
 
 def make_markov(spec: MarkovSpec, num_examples: int, seed: int,
@@ -353,6 +401,11 @@ class TextSpec(StrictConfig):
         require(0 < self.val_fraction < 1,
                 f"text val_fraction must be in (0, 1), got {self.val_fraction!r}")
         positive_int("text", max_bytes=self.max_bytes)
+
+    def baseline(self, seed: int) -> dict:
+        """None known: whether a text run learned is not judged."""
+        return {"task": "text", "chance_accuracy": None, "entropy_floor": None,
+                "unigram_loss": None}
 
 
 def _expand(path: str, pattern: str) -> list[Path]:

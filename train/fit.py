@@ -39,7 +39,7 @@ from .data import EpochBatches, make_loaders
 from .io import write_yaml
 from .module import LMModule, NonFiniteLoss
 from .results import finished_entry, finite_metrics, last_record
-from .status import read_status, write_status
+from .status import read_status, run_status, status_line, write_status
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
         vdir.mkdir(parents=True, exist_ok=True)
         write_yaml(vdir / "config.yaml", {**spec.config, "params": params})
         if resume:  # what the interrupted run wrote after its checkpoint
-            drop_records_from(vdir / "ranks.jsonl", start)
+            drop_records_from(vdir / "ranks.jsonl", after(start, ckpt_path))
         write_status(vdir, "running", start)
     console.print(describe(spec, params)
                   + (f", resuming from {last_ckpt} (step {start})" if ckpt_path else ""))
@@ -89,9 +89,9 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
     try:
         trainer = make_trainer(spec.exp, spec.name, exp_dir, probe_batch, console,
                                batches=train_loader.batch_sampler,
-                               purge_step=start if resume else None)
+                               purge_step=after(start, ckpt_path) if resume else None)
         began = time.perf_counter()
-        final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path, spec.exp)
+        final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path)
         seconds = time.perf_counter() - began
     except BaseException as e:  # the status says how it ended, whatever ended it
         record_end(vdir, e, start if trainer is None else trainer.global_step)
@@ -101,9 +101,19 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
     console.print(outcome(spec, trainer.global_step, final, seconds))
     backends = sorted({b.backend for b in module.model.blocks})
     write_yaml(vdir / "config.yaml", {**spec.config, "params": params, "backend_used": backends})
-    entry = write_run_report(spec.exp, spec.name, vdir, params, final, seconds)
+    entry = write_run_report(spec.exp, spec.name, vdir, params, final, seconds,
+                             seed=spec.config["seed"])
     write_status(vdir, "finished", trainer.global_step)
+    console.print(f"{spec.name}: {status_line(entry['status'])}")
     return entry
+
+
+def after(start: int, ckpt_path: str | None) -> int:
+    """The first step a resume from `start` logs again: everything a run logs for step k
+    (train and validation scalars, rank records and points, all at step k) is on disk
+    before the checkpoint of step k is written, so a resume from that checkpoint keeps
+    step k and redoes k + 1 on; without a checkpoint it starts over, from step 0."""
+    return start + 1 if ckpt_path else 0
 
 
 def mark_finished(vdir: Path, step: int) -> None:
@@ -210,9 +220,11 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
                  console: Console, batches: EpochBatches | None = None,
                  purge_step: int | None = None) -> L.Trainer:
     """Lightning supplies the loop; checkpoints, rank monitor, progress, TensorBoard. On a
-    resume, `purge_step` is the checkpoint's step: TensorBoard hides the points that the
-    interrupted run logged from it on. `batches`, the train loader's sampler, is moved to
-    the checkpoint's step when Lightning loads it."""
+    resume, `purge_step` is the step after the checkpoint's (fit.after): TensorBoard hides
+    the points that the interrupted run logged from it on. `batches`, the train loader's
+    sampler, is moved to the checkpoint's step when Lightning loads it. Every TensorBoard
+    point of step k sits at k, as the console shows it: train and validation scalars
+    (train/checkpoint.py TrainScalars), rank scalars and histograms (RankMonitor)."""
     t, m, vdir = exp.train, exp.monitor, exp_dir / name
     monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=vdir / "ranks.jsonl",
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
@@ -262,9 +274,8 @@ def check_trainer(t: TrainConfig, section: str = "train") -> None:
 
 
 def fit_and_validate(trainer: L.Trainer, module: LMModule, train_loader, val_loader,
-                     ckpt_path: str | None, exp: Experiment) -> dict[str, float]:
+                     ckpt_path: str | None) -> dict[str, float]:
     """Fit, leave last.ckpt holding the final weights, and return the final metrics."""
-    t = exp.train
     saver = next(c for c in trainer.callbacks if isinstance(c, StepCheckpoint))
     try:
         trainer.fit(module, train_loader, val_loader, ckpt_path=ckpt_path)
@@ -275,27 +286,35 @@ def fit_and_validate(trainer: L.Trainer, module: LMModule, train_loader, val_loa
     for monitor in trainer.callbacks:  # a fit resumed at its last step measures nothing
         if isinstance(monitor, RankMonitor):
             monitor.measure(trainer, module)
-    if trainer.global_step != saver.saved_step and trainer.global_step % t.checkpoint_every_n_steps:
-        saver.save(trainer)  # last.ckpt: the final weights
-    # the metrics of a checkpoint resumed at its last step, updated by whatever ran since
+    # the metrics of a checkpoint resumed at its last step, updated by whatever ran since;
+    # "step" is the step the last validation logged (LMModule.on_validation_epoch_end)
     final = {**saver.restored_metrics,
              **{k: float(v) for k, v in trainer.callback_metrics.items()}}
-    if trainer.global_step % t.val_every_n_steps or "val/accuracy" not in final:
+    if final.get("step") != trainer.global_step or "val/accuracy" not in final:
         trainer.validate(module, val_loader, verbose=False)  # the last step was not validated
         final.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    # last.ckpt: the final weights, saved after everything the last step logs (a resume
+    # from it keeps that step's points, fit.after) and holding the final metrics
+    if trainer.global_step != saver.saved_step:
+        saver.save(trainer, final)  # (a validation above left only its own callback metrics)
     return final
 
 
 def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
-                     final: dict[str, float], seconds: float) -> dict:
-    """report.json from the last rank record and the final metrics; returns the entry."""
+                     final: dict[str, float], seconds: float, seed: int) -> dict:
+    """report.json from the last rank record and the final metrics; returns the entry,
+    with the run's status: finished, and whether it learned against the baseline of its
+    task drawn from `seed` (train/status.py run_status)."""
     record = last_record(vdir / "ranks.jsonl")
     metrics = finite_metrics({k: v for k, v in final.items()
                               if k in ("val/loss", "val/accuracy", "train/loss")})
     metrics["chance_accuracy"] = exp.data.chance_accuracy
     metrics["fit_seconds"] = seconds
+    status = run_status("finished", record["step"], exp.train.max_steps, metrics,
+                        exp.data.spec().baseline(seed))
     entry = {"probe": {k: v for k, v in record.items() if k != "step"},
-             "step": record["step"], "params": params, "metrics": metrics}
+             "step": record["step"], "params": params, "metrics": metrics, "status": status}
     report = budgets.build_report({name: entry}, experiment=exp.name)
+    report["variants"][0]["status"] = status  # build_report copies it too, where it does
     (vdir / "report.json").write_text(budgets.to_json(report) + "\n")
     return entry

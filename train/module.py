@@ -94,6 +94,12 @@ class LMModule(L.LightningModule):
             for n, (acc_n, count_n) in accuracy_by_kv_pairs(logits, batch[1], pairs).items():
                 self.log(f"val/accuracy/kv{n}", acc_n, batch_size=count_n, sync_dist=True)
 
+    def on_validation_epoch_end(self) -> None:
+        # The loggers' x-axis for the validation figures (Lightning takes a logged "step"
+        # as it): the validated step, as the console and the rank monitor show it, where
+        # Lightning would put them one step before it (global_step - 1) during a fit
+        self.log("step", float(self.global_step), sync_dist=True)
+
     def configure_optimizers(self):
         t = self.config["train"]
         optimizer = build_optimizer(self.model, t)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,14 @@ import budgets
 from budgets.report import RANK_RECORD
 from budgets.schema import check, read_text
 
+from .config.sections import DataConfig, parse_section
 from .io import read_yaml
 from .render import to_markdown
-from .status import status_notes
+from .status import describe_status, read_status, run_status, status_notes
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
 VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
-DIVERGED_FILE = "diverged.txt"  # a sweep run whose loss went NaN: listed by the sweep only
+DIVERGED_FILE = "diverged.txt"  # a sweep run whose loss went NaN (status.json says so too)
 SUMMARY_METRICS = ("val/accuracy", "val/loss", "train/loss")
 
 
@@ -68,12 +70,92 @@ def finished_entry(vdir: Path, max_steps: int) -> dict | None:
     reported = budgets.load_report(vdir / "report.json")["variants"][0]
     if reported["step"] < max_steps:
         return None
-    config: dict[str, Any] = {}
-    if (vdir / "config.yaml").is_file():
-        config = read_yaml(vdir / "config.yaml") or {}
+    config = run_config(vdir)
     record = last_record(vdir / "ranks.jsonl")
+    status = reported.get("status") or run_status(
+        "finished", reported["step"], max_steps, reported["metrics"], config_baseline(config))
     return {"probe": {k: v for k, v in record.items() if k != "step"}, "step": reported["step"],
-            "params": config.get("params", reported["params"]), "metrics": reported["metrics"]}
+            "params": config.get("params", reported["params"]), "metrics": reported["metrics"],
+            "status": status}
+
+
+def run_config(vdir: Path) -> dict[str, Any]:
+    """A run's config.yaml (empty when there is none)."""
+    path = vdir / "config.yaml"
+    return (read_yaml(path) or {}) if path.is_file() else {}
+
+
+def config_baseline(config: dict[str, Any]) -> dict | None:
+    """The task baseline (train/data.py, the specs' `baseline`) of a resolved run config:
+    its data section and seed, as config.yaml records them; None when they are missing or
+    no longer parse."""
+    data, seed = config.get("data"), config.get("seed")
+    if not isinstance(data, dict) or not isinstance(seed, int) or isinstance(seed, bool):
+        return None
+    try:
+        spec = parse_section(data, DataConfig, "data").spec()
+    except (ValueError, TypeError):
+        return None
+    return spec.baseline(seed)
+
+
+def config_max_steps(config: dict[str, Any]) -> int | None:
+    steps = (config.get("train") or {}).get("max_steps") if isinstance(config, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def disk_state(vdir: Path, step: int, max_steps: int | None) -> tuple[str, int, str | None] | None:
+    """(state, step, reason) of a run from what its directory holds: status.json (a run
+    still running, or killed, reads as stopped: its figures are not final), else an older
+    sweep's diverged.txt, else the measured step against max_steps; None if none tells."""
+    try:
+        record = read_status(vdir)
+    except ValueError:  # status_notes names the bad file
+        record = None
+    if record is not None:
+        if record["state"] in ("finished", "stopped", "diverged"):
+            return record["state"], record["step"], record.get("reason")
+        return "stopped", max(record["step"], step), describe_status(record)
+    if (vdir / DIVERGED_FILE).is_file():
+        text = (vdir / DIVERGED_FILE).read_text(errors="replace").strip()
+        at = re.search(r"at step (\d+)", text)
+        return "diverged", int(at[1]) if at else step, text.splitlines()[0][:300] if text else None
+    if max_steps is None:
+        return None
+    if step >= max_steps:
+        return "finished", step, None
+    return "stopped", step, "no status.json: the last measurement's step"
+
+
+def variant_status(vdir: Path, variant: dict) -> dict | None:
+    """A report variant's status: the one its report.json holds while status.json agrees
+    that the run finished, else derived from the run directory and the variant's metrics
+    (reports written before statuses existed; runs stopped, diverged or still running);
+    None when nothing on disk tells."""
+    stored = variant.get("status")
+    try:
+        record = read_status(vdir)
+    except ValueError:
+        record = None
+    if stored and (record is None or record["state"] == "finished"):
+        return stored
+    config = run_config(vdir)
+    max_steps = config_max_steps(config)
+    found = disk_state(vdir, variant["step"], max_steps)
+    if found is None:
+        return None
+    state, step, reason = found
+    return run_status(state, step, max_steps, variant.get("metrics", {}),
+                      config_baseline(config), reason)
+
+
+def with_status(vdir: Path, report: dict) -> dict:
+    """`report` (one variant's) with its variant's status set (see variant_status)."""
+    for variant in report["variants"]:
+        status = variant_status(vdir, variant)
+        if status is not None:
+            variant["status"] = status
+    return report
 
 
 def merge_reports(reports: list[dict], experiment: str = "") -> dict:
@@ -90,20 +172,25 @@ def is_variant_dir(path: Path) -> bool:
 
 
 def variant_report(vdir: Path) -> dict:
-    """A variant's report: its report.json, else rebuilt from ranks.jsonl's last line."""
+    """A variant's report: its report.json, else rebuilt from ranks.jsonl's last line; its
+    variant carries the run's status (variant_status)."""
     if (vdir / "report.json").is_file():
-        return budgets.load_report(vdir / "report.json")
+        return with_status(vdir, budgets.load_report(vdir / "report.json"))
     ranks = vdir / "ranks.jsonl"
     if not ranks.is_file():
         raise FileNotFoundError(f"no results in {vdir}: neither report.json nor ranks.jsonl")
     record = last_record(ranks)
-    config: dict[str, Any] = {}
-    if (vdir / "config.yaml").is_file():
-        config = read_yaml(vdir / "config.yaml") or {}
+    config = run_config(vdir)
     probe = {k: v for k, v in record.items() if k != "step"}
     entry = {"probe": probe, "step": record["step"], "params": config.get("params", 0)}
-    return budgets.build_report({config.get("variant", vdir.name): entry},
-                                experiment=config.get("experiment", ""))
+    status = variant_status(vdir, {"step": record["step"]})
+    if status is not None:
+        entry["status"] = status
+    report = budgets.build_report({config.get("variant", vdir.name): entry},
+                                  experiment=config.get("experiment", ""))
+    if status is not None:  # build_report copies it; set here for a budgets that does not
+        report["variants"][0]["status"] = status
+    return report
 
 
 def variant_dirs(exp_dir: Path) -> list[Path]:
@@ -112,8 +199,7 @@ def variant_dirs(exp_dir: Path) -> list[Path]:
     if (exp_dir / EXPERIMENT_FILE).is_file():
         raw = read_yaml(exp_dir / EXPERIMENT_FILE) or {}
         order = list((raw.get("variants") or {}).keys())
-    found = sorted(p for p in exp_dir.iterdir()
-                   if p.is_dir() and is_variant_dir(p) and not (p / DIVERGED_FILE).is_file())
+    found = sorted(p for p in exp_dir.iterdir() if p.is_dir() and is_variant_dir(p))
     rank = {name: i for i, name in enumerate(order)}
     return sorted(found, key=lambda p: (rank.get(p.name, len(order)), p.name))
 
@@ -143,13 +229,48 @@ def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None =
             raise FileNotFoundError(f"no results in {run_dir}: no report.json or ranks.jsonl in "
                                     f"it or in its variant directories{_why_none(run_dir)}")
         if notes is not None:
-            notes += [f"{v} has no results yet (interrupted before its first measurement?); "
-                      "left out" for v in vdirs if v not in ready]
+            notes += [_left_out(v) for v in vdirs if v not in ready]
             notes += status_notes(ready)
-        report = merge_reports([variant_report(v) for v in ready], experiment=run_dir.name)
+        reports = [r for r in (_diverged_report(v, notes) if diverged(v) else variant_report(v)
+                               for v in ready) if r is not None]
+        if not reports:
+            raise FileNotFoundError(f"no results in {run_dir}: every run with results "
+                                    f"diverged{_why_none(run_dir)}")
+        report = merge_reports(reports, experiment=run_dir.name)
     # Verdicts and advice from the figures, for all variants together and under the current
     # thresholds (a report.json written before verdicts existed lacks them).
     return budgets.annotate(report, thresholds)
+
+
+def diverged(vdir: Path) -> bool:
+    """Whether the run's loss or weights went non-finite (status.json, or an older sweep's
+    diverged.txt)."""
+    try:
+        record = read_status(vdir)
+    except ValueError:
+        record = None
+    return (vdir / DIVERGED_FILE).is_file() or (record or {}).get("state") == "diverged"
+
+
+def _diverged_report(vdir: Path, notes: list[str] | None) -> dict | None:
+    """A diverged run's report, shown with its status; None (and a note) when its last
+    measurement does not read back (figures of weights on their way to overflow)."""
+    try:
+        return variant_report(vdir)
+    except ValueError as e:
+        if notes is not None:
+            notes.append(f"{vdir.name} diverged and its results do not read back; left out "
+                         f"({e})")
+        return None
+
+
+def _left_out(vdir: Path) -> str:
+    """The note for a variant directory without results."""
+    if diverged(vdir):
+        found = disk_state(vdir, 0, None)
+        step = f" at step {found[1]}" if found else ""
+        return f"{vdir} diverged{step} before its first measurement; left out"
+    return f"{vdir} has no results yet (interrupted before its first measurement?); left out"
 
 
 def _why_none(run_dir: Path) -> str:

@@ -116,6 +116,13 @@ class SlidingWindowAttention(SoftmaxAttention):
         shape = (batch, c.kv_heads, min(c.window, max_len), c.k_dim)
         return RollingKVCache(p.new_zeros(shape), p.new_zeros(shape), c.window, max_len)
 
+    def key_value_heads(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """softmax's, for the tokens the rolling cache keeps after a prefill of x: the last
+        min(T, W) (keys before RoPE from the same tokens)."""
+        heads = super().key_value_heads(x)  # x checked there
+        n = min(heads["k"].shape[-2], self.config.window)
+        return {name: h[..., -n:, :] for name, h in heads.items()}
+
     def inference_state(self, cache: RollingKVCache) -> dict[str, torch.Tensor]:
         """The live window's keys and values in order: [B, min(T, W), G*K] and [B, ..., G*V]."""
         k, v = cache.live()  # [B, G, n, K]

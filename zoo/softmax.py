@@ -145,6 +145,21 @@ class SoftmaxAttention(Block):
         q, k, _ = self.project(x)  # [B, H, T, K], [B, G, T, K]
         return budgets.AttentionMixing(q, k, 1 / math.sqrt(self.config.k_dim), self.window)
 
+    def key_value_heads(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """An optional probe method (not the contract; budgets.probes measures it when a
+        block has it): per KV head, in fp32 on the reference path, the keys "k" [B, G, T, K]
+        and values "v" [B, G, T, V] a prefill of x caches, and with RoPE the keys before
+        it, "k_pre_rope" (the projection's output, what low-rank KV methods compress)."""
+        self.check_input(x)
+        c = self.config
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            k = split_heads(self.k_proj, x, c.kv_heads)  # [B, G, T, K]
+            v = split_heads(self.v_proj, x, c.kv_heads)  # [B, G, T, V]
+            if not c.rope:
+                return {"k": k, "v": v}
+            return {"k": apply_rope(k, 0, c.rope_base), "v": v, "k_pre_rope": k}
+
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per query head [B, H, T, V]: y = o_proj(P @ value_heads(x))."""
         return expand_kv(split_heads(self.v_proj, x, self.config.kv_heads), self.config.n_heads)

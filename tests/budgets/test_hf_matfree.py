@@ -84,13 +84,13 @@ def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
                 shapes.append(tuple(out.shape))
             return out
 
-    measure = budgets.hf.measure_mixing_matfree
+    measure = budgets.hf.mixing_figures_matfree
 
     def spied(*args, **kwargs):
         with Spy():
             return measure(*args, **kwargs)
 
-    monkeypatch.setattr(budgets.hf, "measure_mixing_matfree", spied)
+    monkeypatch.setattr(budgets.hf, "mixing_figures_matfree", spied)
     calls, weights = [], []
     hooks = [llama.register_forward_pre_hook(lambda m, a, kw: calls.append(kw),
                                              with_kwargs=True)]
@@ -126,7 +126,7 @@ def test_attention_implementation_restored_when_the_probe_fails(llama):
 @pytest.mark.parametrize("matfree_from", [None, 16])
 def test_only_the_layers_asked_for_are_measured(monkeypatch, llama, matfree_from):
     measured = []
-    for name in ("measure_mixing", "measure_mixing_matfree"):
+    for name in ("mixing_figures", "mixing_figures_matfree"):
         original = getattr(budgets.hf, name)
         monkeypatch.setattr(budgets.hf, name, lambda *a, f=original, **kw: (
             measured.append(1), f(*a, **kw))[1])

@@ -8,7 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from budgets import METRICS, is_probeable, probe_model, probeable_blocks, rank_metrics
+from budgets import (
+    METRICS,
+    AttentionMixing,
+    is_probeable,
+    probe_model,
+    probeable_blocks,
+    rank_metrics,
+)
+from budgets.probes import prefix_lengths
 
 H, K, D, T = 2, 4, 12, 10  # the conftest model's heads, head dim, width; the batch's length
 
@@ -24,8 +32,10 @@ def test_layers_quantities_and_list_lengths(tiny_lm, tokens):
         assert layer["block"] == "tiny" and "spectra" not in layer
         assert list(layer["quantities"]) == list(lengths)
         for q, metrics in layer["quantities"].items():
-            assert list(metrics) == list(METRICS)
+            assert list(metrics) == [*METRICS, "rank_eps_max", "shape"]
+            shape = metrics.pop("shape")
             assert all(len(v) == lengths[q] for v in metrics.values()), q
+            assert len(shape) == 2 and all(isinstance(n, int) for n in shape)
     json.dumps(probe)  # plain floats and ints only
 
 
@@ -157,3 +167,82 @@ def test_a_bare_block_is_a_model(tiny_attention_cls):
     probe = probe_model(block, torch.randn(2, 6, D))
     assert len(probe["layers"]) == 1 and probe["layers"][0]["name"] == ""
     assert probe["layers"][0]["budget"]["seq_len"] == 6
+
+
+def test_batch_size_and_the_shape_of_each_measured_matrix(tiny_lm, tokens):
+    probe = probe_model(tiny_lm, tokens)
+    assert probe["batch_size"] == tokens.shape[0]
+    shapes = {q: m["shape"] for q, m in probe["layers"][0]["quantities"].items()}
+    assert shapes == {"mixing": [T, T], "mixing_centered": [T, T], "past_future": [T // 2, T // 2],
+                      "qk": [D, D], "value": [D, H * K], "inference.k": [T, K],
+                      "inference.v": [T, H * K], "hidden_centered": [T, D]}
+
+
+def test_rank_eps_max_is_the_largest_sample_s(tiny_lm, tokens):
+    probe = probe_model(tiny_lm, tokens)
+    alone = [probe_model(tiny_lm, tokens[b:b + 1]) for b in range(tokens.shape[0])]
+    raised = 0
+    for i, layer in enumerate(probe["layers"]):
+        for q, m in layer["quantities"].items():
+            per_sample = [a["layers"][i]["quantities"][q]["rank_eps"] for a in alone]
+            assert m["rank_eps_max"] == [max(v) for v in zip(*per_sample, strict=True)], q
+            assert all(hi >= mean for hi, mean in zip(m["rank_eps_max"], m["rank_eps"],
+                                                      strict=True)), q
+            raised += m["rank_eps_max"] != m["rank_eps"]
+    assert raised  # some sample exceeds the mean somewhere, or the test shows nothing
+
+
+def _prefix_probe(model, tokens, t, **kwargs):
+    return probe_model(model, tokens[:, :t], **kwargs)
+
+
+class _WithOperator(nn.Module):
+    """A model whose blocks also offer mixing_operator (softmax queries and keys)."""
+
+    def __init__(self, tiny_lm):
+        super().__init__()
+        self.lm = tiny_lm
+        for block in tiny_lm.blocks:
+            block.mixing_operator = lambda x, b=block: AttentionMixing(
+                b._split(b.wq(x)), b._split(b.wk(x)), b.k ** -0.5)
+
+    def forward(self, tokens):
+        return self.lm(tokens)
+
+
+@pytest.mark.parametrize("matfree", [False, True])
+def test_past_future_lengths_equal_a_probe_of_the_prefix(tiny_lm, matfree):
+    tokens = torch.randint(0, 16, (3, 32), generator=torch.Generator().manual_seed(2))
+    model = _WithOperator(tiny_lm) if matfree else tiny_lm
+    kwargs = {"matfree_from": 8 if matfree else None}
+    probe = probe_model(model, tokens, **kwargs)
+    for i, layer in enumerate(probe["layers"]):
+        lengths = layer["past_future_lengths"]
+        assert [e["seq_len"] for e in lengths] == [8, 16, 32]
+        for entry in lengths:
+            short = _prefix_probe(model, tokens, entry["seq_len"], **kwargs)
+            want = short["layers"][i]["quantities"]["past_future"]
+            assert entry["rank_eps"] == want["rank_eps"], entry["seq_len"]
+            assert entry["rank_eps_max"] == want["rank_eps_max"], entry["seq_len"]
+            assert entry["lower_bound"] is False
+    ranks = [e["rank_eps"] for e in probe["layers"][0]["past_future_lengths"]]
+    assert ranks[0] != ranks[-1]  # the lengths really differ here
+
+
+def test_prefix_lengths_from_eight_tokens(tiny_lm, tokens):
+    assert prefix_lengths(40) == [10, 20, 40] and prefix_lengths(31) == [15, 31]
+    assert prefix_lengths(8) == [8] and prefix_lengths(7) == []
+    layer = probe_model(tiny_lm, tokens)["layers"][0]  # T = 10: only T itself
+    assert [e["seq_len"] for e in layer["past_future_lengths"]] == [T]
+
+
+def test_every_layer_has_head_statistics(tiny_lm, tokens):
+    probe = probe_model(tiny_lm, tokens)
+    for layer in probe["layers"]:
+        heads = layer["heads"]
+        assert list(heads) == ["first_token_mass", "diagonal_mass", "centered_energy",
+                               "raw_erank"]
+        assert all(len(v) == H for v in heads.values())
+        assert heads["raw_erank"] == layer["quantities"]["mixing"]["erank"]
+        assert all(0 <= v <= 1 for name in ("first_token_mass", "diagonal_mass",
+                                            "centered_energy") for v in heads[name])

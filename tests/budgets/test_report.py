@@ -56,28 +56,19 @@ def test_json_round_trip(tmp_path, fake_variants):
     assert load_report(path) == report
 
 
-def test_markdown_has_one_row_per_variant_layer_quantity(fake_variants):
+def test_markdown_and_table_render_every_row(fake_variants):
+    # the layout is train/render.py's (tests/train/test_render.py); here: nothing is lost
     report = build_report(fake_variants(), experiment="quick")
     md = to_markdown(report)
     assert md.splitlines()[0] == "# Rank-budget report: quick"
-    table = [ln for ln in md.splitlines() if ln.startswith("|")][2:]  # minus header, rule
-    n_rows = sum(len(ly["axes"]) for v in report["variants"] for ly in v["layers"])
-    assert len(table) == n_rows == 15
-    first = [c.strip() for c in table[0].strip("|").split("|")]
-    assert first[:6] == ["softmax", "0", "fake", "mixing", "past_future", "16"]
-    assert first[-3:] == ["50%", "3.50", "healthy"]
-    assert any("| - |" in ln for ln in table)  # the zero cap prints no utilization
-
-
-def test_rich_table_renders_every_row(fake_variants):
-    report = build_report(fake_variants(), experiment="quick")
-    table = render_table(report)
-    assert table.row_count == 15
     console = Console(width=80, record=True)
-    console.print(table)
+    console.print(render_table(report))
     text = console.export_text()
-    assert "88%" in text and "12.0" in text  # qk: 3.5 of 4; inference.k max, uncut at 80
-    assert "softmax" in text and "…" not in text
+    for v in report["variants"]:
+        for layer in v["layers"]:
+            for a in layer["axes"]:
+                assert a["quantity"] in md, a["quantity"]
+    assert "softmax" in text and "88%" in text  # qk: 3.5 of 4
 
 
 def test_report_from_a_real_probe(tiny_lm, tokens):
@@ -87,6 +78,8 @@ def test_report_from_a_real_probe(tiny_lm, tokens):
     assert len(layer["axes"]) == 5 and layer["mixing_centered_erank"] > 0
     for a in layer["axes"]:
         assert a["realized_max"] <= a["declared"], a
+        if a["realized_max_sample"] is not None:  # probes that record rank_eps_max
+            assert a["realized_max"] <= a["realized_max_sample"] <= a["declared"], a
 
 
 def test_missing_variant_keys_and_empty_input_are_errors():

@@ -11,7 +11,7 @@ every 3 and 5 batches per epoch:
 
 - before the first checkpoint (step 1): the resume starts over;
 - between checkpoints (in the train step of step 7): the checkpoint is step 6's, and
-  TensorBoard holds the points of step 6 and 7 past it;
+  TensorBoard holds the points of step 7 past it;
 - during a measurement (step 9; the checkpoint at 8 was saved after its validation);
 - right after a checkpoint (step 10, the end of the second epoch).
 """
@@ -177,7 +177,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_run(runs, kill):
 
     shown = tensorboard(killed)
     assert shown == tensorboard(reference)
-    assert [s for s, _ in shown["train/loss"]] == list(range(12))  # each step's loss, once
+    assert [s for s, _ in shown["train/loss"]] == list(range(1, 13))  # each step's loss, once
     assert (killed / "ranks.jsonl").read_text() == (reference / "ranks.jsonl").read_text()
     assert report(killed) == report(reference)
     assert draws(tmp / kill, ckpt or 0) == draws(tmp / "uninterrupted", ckpt or 0)

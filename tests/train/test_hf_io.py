@@ -96,7 +96,8 @@ def test_table_through_the_cli(capsys, llama_dir, text_file):
     code, out, err = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
                           "--probe-size", P)
     assert code == 0, err
-    assert "tiny-llama" in out and "inference.k" in out and "past->future erank" in out
+    assert "tiny-llama" in out and "past->future erank" in out
+    assert "inference: caches and states" in out and "pretrain:" in out
     assert "raw bytes modulo the vocab size (64)" in err  # no tokenizer saved: said so
 
 
@@ -108,7 +109,8 @@ def test_json_rows_and_caps_match_the_config(capsys, llama_dir, text_file):
     assert len(variant["layers"]) == 2
     for layer in variant["layers"]:
         rows = _rows(layer)
-        assert set(rows) == {"past_future", "qk", "value", "inference.k", "inference.v"}
+        assert set(rows) == {"past_future", "qk", "value", "out", "inference.k", "inference.v"}
+        assert rows["out"]["declared"] == min(D, H * K)  # W_O [D, H*K]: its structural cap
         assert rows["past_future"]["declared"] == T // 2
         assert rows["qk"]["declared"] == K
         assert rows["value"]["declared"] == min(D, G * K)
@@ -208,7 +210,7 @@ def test_markdown_and_plots_leave_the_model_dir_alone(capsys, tmp_path, llama_di
     assert code == 0, err
     assert "| variant |" in out and "## Effective ranks per layer" in out
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "declared_vs_realized.png", "spectrum_tiny-llama.png"]
+        "declared_vs_realized.png", "heads_tiny-llama.png", "spectrum_tiny-llama.png"]
     assert {p.name: p.stat().st_mtime_ns for p in llama_dir.iterdir()} == before
 
 

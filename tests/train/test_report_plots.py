@@ -57,11 +57,12 @@ def test_plot_writes_pngs_and_never_touches_the_run(run, tmp_path, capsys):
     doc = json.loads(captured.out)  # stdout is still exactly one JSON document
     assert [v["variant"] for v in doc["variants"]] == ["mha", "mqa"] and "advice" in doc
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["declared_vs_realized.png", "rank_over_training.png", "spectrum_mha.png"]
+    assert names == ["declared_vs_realized.png", "heads_mha.png", "heads_mqa.png",
+                     "rank_over_training.png", "spectrum_mha.png"]
     for p in out.iterdir():
         data = p.read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, p
-    assert "mqa: no spectra" in captured.err and "wrote 3 figures" in captured.err
+    assert "mqa: no spectra" in captured.err and "wrote 5 figures" in captured.err
     assert snapshot(run) == before
 
 
