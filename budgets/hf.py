@@ -71,7 +71,7 @@ ROPE_LAYOUTS = ("llama",)
 MATFREE_ATTENTION = "rankzoo_matfree"
 
 
-def _kv_pairs(out) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def kv_pairs(out) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (k, v) [B, G, T, K] from the forward's cache, across transformers versions."""
     cache = out.get("cache")  # transformers 5 renamed past_key_values to cache
     if cache is None:
@@ -208,7 +208,7 @@ def _attention_inputs(modules: dict[nn.Module, int]):
             h.remove()
 
 
-def _pre_rope_module(attention: nn.Module) -> nn.Module | None:
+def pre_rope_module(attention: nn.Module) -> nn.Module | None:
     """The module whose output is the keys RoPE rotates: k_norm where the model normalizes
     its keys per head (Qwen3, Gemma 3, OLMo 2), else the k projection."""
     for name in ("k_norm", "k_proj"):
@@ -245,7 +245,7 @@ def _layer_streams(p: _Probe):
         if owner is not None:
             handles.append(p.model.get_submodule(owner).register_forward_pre_hook(
                 residual_hook(i), with_kwargs=True))
-        keys = _pre_rope_module(module) if p.rope else None
+        keys = pre_rope_module(module) if p.rope else None
         if keys is not None:
             handles.append(keys.register_forward_hook(key_hook(i)))
     try:
@@ -280,7 +280,7 @@ def _probe_exact(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
     (final hidden states [B, T, D], loss)."""
     with _attention_inputs(p.index) as inputs, _layer_streams(p) as streams:
         out, loss = _forward(p.model, ids, p.g)
-    kv = _kv_pairs(out)
+    kv = kv_pairs(out)
     for i in p.wanted:
         p.record(i, mixing_figures(out["attentions"][i].float(), p.eps), inputs[i], kv[i],
                  streams)

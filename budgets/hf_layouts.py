@@ -51,6 +51,24 @@ EXTRACTORS: dict[str, Callable[[nn.Module], list[tuple[nn.Module, AttnWeights]]]
     "llama": _llama_weights,
     "gpt2": _gpt2_weights,
 }
+
+
+def _llama_kv_biases(attention: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return attention.k_proj.bias, attention.v_proj.bias
+
+
+def _gpt2_kv_biases(attention: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    _, bk, bv = attention.c_attn.bias.chunk(3)  # views of the fused [3 * D] bias
+    return bk, bv
+
+
+# layout -> (key bias [G*K], value bias [G*V]) of one attention module (None: no bias),
+# views of the parameters, ordered as the rows of AttnWeights.wk and .wv
+KV_BIASES: dict[str, Callable[[nn.Module], tuple[torch.Tensor | None, torch.Tensor | None]]] = {
+    "llama": _llama_kv_biases,
+    "gpt2": _gpt2_kv_biases,
+}
+
 # model types with Llama's layout (their extras, e.g. Qwen3's q/k norms or Gemma 2's logit
 # soft-capping, shape the attention probabilities, which are measured as the model made them)
 LAYOUT_OF = {**dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",

@@ -185,8 +185,10 @@ def _budget_parts(layers: list[dict]) -> dict:
     for ly in layers:
         b = RankBudget.from_dict(ly["budget"])  # rejects a malformed budget here
         per_layer.append({"layer": ly["layer"], "pretrain": b.pretrain, "adapter": b.adapter,
-                          "inference": b.inference, "total": b.total})
-    model = {k: sum(p[k] for p in per_layer) for k in (*PARTS, "total")}
+                          "inference": b.inference, "total": b.total,
+                          # elements a sequence's cache holds at seq_len (the cost side)
+                          "cache_elements": b.cache_elements})
+    model = {k: sum(p[k] for p in per_layer) for k in (*PARTS, "total", "cache_elements")}
     return {"per_layer": per_layer, "model": model}
 
 
@@ -291,8 +293,9 @@ REPORT_LAYER = Record({"layer": Int(0), "block": str, "axes": ListOf(AXIS_ROW),
                        "input_centered_erank": Maybe(float), "centered_na": str,
                        **LAYER_EXTRAS})
 PARTS_TOTAL = {k: Int(0) for k in (*PARTS, "total")}
-BUDGET_PARTS = Record({"per_layer": ListOf(Record({"layer": Int(0), **PARTS_TOTAL})),
-                       "model": Record(PARTS_TOTAL)})
+CACHE = {"cache_elements": Int(0)}  # added later: optional
+BUDGET_PARTS = Record({"per_layer": ListOf(Record({"layer": Int(0), **PARTS_TOTAL}, CACHE)),
+                       "model": Record(PARTS_TOTAL, CACHE)})
 STATUS = Record({"state": str},
                 {"step": Int(0), "max_steps": Maybe(Int(0)), "learned": Maybe(bool),
                  "reason": Maybe(str), "baseline": Maybe(dict)})

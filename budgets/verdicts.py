@@ -37,8 +37,8 @@ advice on data-dependent ranks, and one note saying so.
                 bases (K r_k + V r_v) B once per sequence, amortized at the probe's T; ratio
                 full / low-rank at T. For keys after RoPE and, with RoPE, before it (what
                 low-rank KV methods compress). Emitted when a ratio reaches min_compression;
-                one "kv_cache_summary" per variant sums the layers. To be checked with
-                `rankzoo compress`.
+                one "kv_cache_summary" per variant sums the layers and names the
+                `rankzoo compress` command that checks it (compress_command).
   lora_rank     per variant with adapters: the largest realized adapter rank vs declared r
                 (an adapter is a weight: its rank_eps is exact, no samples involved).
   collapsed     per collapsed layer (above); a finding, not a bound.
@@ -223,6 +223,16 @@ def cheaper_block_advice(variant: dict, th: VerdictThresholds) -> list[dict]:
 
 # ---------------------------------------------------------------- KV cache in bytes
 
+def lowrank_cache_bytes(widths, ranks, nbytes: int, T: int) -> dict:
+    """The one formula of a low-rank cache's bytes (kv advice here, `rankzoo compress`):
+    each cached matrix i of width_i kept as r_i codes per token, plus its width_i x r_i
+    basis once per sequence, at nbytes per element; amortized over T tokens."""
+    per_token = sum(r * nbytes for r in ranks)
+    basis = sum(w * r * nbytes for w, r in zip(widths, ranks, strict=True))
+    return {"bytes_per_token": per_token, "basis_bytes": basis,
+            "bytes_per_token_at_T": per_token + basis / T}
+
+
 def kv_option(kv: dict, key: str, nbytes: int, T: int) -> dict | None:
     """Bytes of a low-rank cache holding `key` (k or k_pre_rope) and v of one layer, per
     KV head and summed; None when some head lacks its rank_eps_max."""
@@ -232,8 +242,10 @@ def kv_option(kv: dict, key: str, nbytes: int, T: int) -> dict | None:
     if _max(maxima_k) is None or _max(maxima_v) is None:
         return None
     rk, rv = [_ceil(x) for x in maxima_k], [_ceil(x) for x in maxima_v]
-    per_token = [(a + c) * nbytes for a, c in zip(rk, rv, strict=True)]
-    basis = [(K * a + V * c) * nbytes for a, c in zip(rk, rv, strict=True)]
+    heads = [lowrank_cache_bytes((K, V), (a, c), nbytes, T)
+             for a, c in zip(rk, rv, strict=True)]
+    per_token = [h["bytes_per_token"] for h in heads]
+    basis = [h["basis_bytes"] for h in heads]
     at_T = sum(per_token) + sum(basis) / T
     full = (K + V) * kv["n_kv_heads"] * nbytes
     return {"rank_k": rk, "rank_v": rv, "bytes_per_token": sum(per_token),
@@ -300,7 +312,19 @@ def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict
             "conditions": _conditions(variant, None),
             "text": f"{name}: KV cache over {len(items)} layers at {th.cache_dtype}: full "
                     f"{full} B/token; a low-rank cache of " + "; ".join(parts)
-                    + f" (sum over layers; ranks: {_rests_on(variant)}); {COMPRESS}"}
+                    + f" (sum over layers; ranks: {_rests_on(variant)}); {COMPRESS}: "
+                    + compress_command(name, max((o["ratio_at_T"] or 0) for o in options.values())
+                                       if options else None)}
+
+
+def compress_command(name: str, ratio: float | None = None) -> str:
+    """The command that measures what the KV advice of variant `name` costs in loss
+    (train/compress.py): for a run's variant, and for a Hugging Face model. The sweep's
+    ratios bracket the advised one; the advised ranks themselves are always measured."""
+    ratios = {1.5, 2.0, 4.0} | ({math.floor(ratio * 100) / 100} if ratio and ratio > 1 else set())
+    listed = ",".join(f"{r:g}" for r in sorted(ratios))
+    return (f"`rankzoo compress RUN_DIR/{name} --ratios {listed}` (a Hugging Face model: "
+            f"`rankzoo compress --hf MODEL_DIR --text CALIB --eval-text EVAL --ratios {listed}`)")
 
 
 def kv_cache_advice(variant: dict, th: VerdictThresholds) -> list[dict]:

@@ -1,9 +1,9 @@
-"""The `rankzoo` command: blocks, pick, train, report.
+"""The `rankzoo` command: blocks, pick, train, report, compress.
 
 Every verb prints rich tables for people, or with `--format json` exactly one JSON
 document on stdout for programs (progress and notes go to stderr). Bad input ends with a
 one-line `rankzoo: error: ...` on stderr and exit code 2. Lightning is imported only by
-`train` (and matplotlib only by `report --plot`), so `blocks`, `pick` and `report` start
+`train` (and matplotlib only by `--plot`), so `blocks`, `pick` and `report` start
 fast.
 """
 
@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
         prog="rankzoo",
         description="An attention-architecture zoo with rank-budget accounting.")
     sub = p.add_subparsers(dest="verb", required=True,
-                           metavar="{blocks,pick,train,report}")
+                           metavar="{blocks,pick,train,report,compress}")
 
     b = sub.add_parser("blocks", help="the zoo: declared budgets, costs, kernels available here")
     b.add_argument("--d-model", type=_positive_int, default=256)
@@ -125,7 +125,59 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("table", "md", "json"), default="table")
     r.add_argument("--plot", metavar="DIR",
                    help="also write PNG figures into DIR (a new or empty directory)")
+    _add_compress(sub)
     return p
+
+
+def _add_compress(sub) -> None:
+    c = sub.add_parser("compress", help="check the report's KV advice: the eval loss with the "
+                                        "cache (or state) projected to low rank, per cache size")
+    c.add_argument("run_dir", nargs="?", help="a trained variant: runs/<experiment>/<variant>")
+    c.add_argument("--hf", metavar="PATH",
+                   help="instead of RUN_DIR: a Hugging Face causal LM saved by save_pretrained "
+                        "(read offline, never written to)")
+    c.add_argument("--text", metavar="FILE",
+                   help="with --hf: the calibration text (the bases are fitted on its start)")
+    c.add_argument("--eval-text", metavar="FILE",
+                   help="with --hf: the evaluation text (the calibration file itself is read "
+                        "after its calibration tokens)")
+    c.add_argument("--seq-len", type=_positive_int, help="with --hf: tokens per sequence (128)")
+    c.add_argument("--device", choices=("cpu", "cuda", "auto"),
+                   help="with --hf: where the model runs (auto: cuda when available)")
+    c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="with --hf: dtype of the forward passes (float32)")
+    c.add_argument("--ratios", default="1.5,2,4,8", metavar="LIST",
+                   help="target ratios full / low-rank cache, each > 1 (1.5,2,4,8)")
+    c.add_argument("--eps", metavar="LIST",
+                   help="also measure r per layer = rank_eps at each eps (0 < eps < 1)")
+    c.add_argument("--alloc", default="uniform,greedy", metavar="LIST",
+                   help="how ranks are spread at each ratio: uniform (one r), greedy (by "
+                        "energy per byte, per layer and head) (uniform,greedy)")
+    c.add_argument("--keys", default="auto", metavar="{auto,pre-rope,post-rope}",
+                   help="keys that get a basis: before RoPE (auto with RoPE) or as cached")
+    c.add_argument("--cache-dtype", default="bf16", metavar="DTYPE",
+                   help="dtype the cache is counted in bytes at: bf16 (default), fp16, fp32, "
+                        "fp8, int8")
+    c.add_argument("--length", type=_positive_int, metavar="T",
+                   help="the length bases are amortized at (the report's probe length)")
+    c.add_argument("--tolerance", default="0.02", metavar="NATS",
+                   help="eval loss change per token that the advice may cost (0.02)")
+    c.add_argument("--advice-eps", metavar="EPS",
+                   help="with --hf: the eps of the report whose advice is checked (0.1)")
+    c.add_argument("--calib-size", type=_positive_int, metavar="N",
+                   help="calibration sequences (a run: 64 of its training split; --hf: 4)")
+    c.add_argument("--eval-size", type=_positive_int, metavar="N",
+                   help="evaluation sequences (a run: its validation split; --hf: 4)")
+    c.add_argument("--batch-size", type=_positive_int, metavar="N",
+                   help="sequences per forward pass (a run: its batch size; --hf: 1)")
+    c.add_argument("--overlap", action="store_true",
+                   help="allow calibration and evaluation on the same data")
+    c.add_argument("--format", choices=("table", "md", "json"), default="table")
+    c.add_argument("--plot", metavar="DIR",
+                   help="also write compress.png into DIR (a new or empty directory)")
+    c.add_argument("--save", metavar="DIR",
+                   help="write the compressed model at the largest ratio within the "
+                        "tolerance, with its bases, into DIR (a new or empty directory)")
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -302,12 +354,16 @@ def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     tables (the sweep's after the variants'; then the advice, if asked)."""
     import budgets
 
+    from .recall import recall_table, recall_view
     from .render import render_advice, render_table
     from .results import report_markdown, summary_table
     from .sweep import sweep_markdown, sweep_table
 
+    view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
     if fmt == "json":
-        print(budgets.to_json(report if sweep is None else {**report, "sweep": sweep}))
+        extra = {**({"sweep": sweep} if sweep is not None else {}),
+                 **({"recall": view} if view is not None else {})}
+        print(budgets.to_json({**report, **extra}))
     elif fmt == "md":
         print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
     else:
@@ -315,6 +371,8 @@ def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
         out.print(summary_table(report))
         if sweep is not None:
             out.print(sweep_table(sweep))
+        if view is not None:
+            out.print(recall_table(view))
         if advice:
             out.print(render_advice(report))
 
@@ -430,6 +488,114 @@ def _plot(run_dir: str, report: dict, out_dir: str) -> None:
     print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
 
 
+# ---------------------------------------------------------------- compress
+
+# train/compress.py's errors name its parameters; the user of `compress` typed these flags
+COMPRESS_FLAGS = {"model_dir": "--hf", "eval_text": "--eval-text", "text": "--text",
+                  "seq_len": "--seq-len", "calib_size": "--calib-size",
+                  "eval_size": "--eval-size", "batch_size": "--batch-size",
+                  "ratios": "--ratios", "advice_eps": "--advice-eps", "eps": "--eps",
+                  "alloc": "--alloc", "keys": "--keys", "cache_dtype": "--cache-dtype",
+                  "length": "--length", "tolerance": "--tolerance", "save": "--save",
+                  "device": "--device", "dtype": "--dtype"}
+COMPRESS_PARAM = re.compile(r"\b(" + "|".join(COMPRESS_FLAGS) + r")=")
+
+
+def _numbers(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text}: expected numbers separated by commas") from None
+
+
+def _compress_options(args):
+    """CompressOptions from the flags; a bad combination is one ValueError line."""
+    from .compress import CompressOptions, cache_dtype
+
+    if (args.run_dir is None) == (args.hf is None):
+        raise ValueError("compress needs exactly one of RUN_DIR or --hf PATH"
+                         + (f", got both ({args.run_dir!r} and --hf {args.hf!r})"
+                            if args.hf else ""))
+    if args.hf is not None:
+        if args.text is None:
+            raise ValueError(f"--hf {args.hf} needs --text FILE (the calibration text)")
+        if args.eval_text is None:
+            raise ValueError(f"--hf {args.hf} needs --eval-text FILE: the loss is measured on "
+                             f"text the bases were not fitted on (--eval-text {args.text} "
+                             f"reads it after the calibration tokens)")
+    else:
+        for flag in ("text", "eval_text", "seq_len", "device", "dtype", "advice_eps"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)} only "
+                                 f"applies with --hf PATH")
+    tolerance = _numbers(args.tolerance, "--tolerance")
+    advice_eps = _numbers(args.advice_eps or "0.1", "--advice-eps")
+    if len(tolerance) != 1 or len(advice_eps) != 1:
+        raise ValueError("--tolerance and --advice-eps take one number each")
+    return CompressOptions(
+        ratios=_numbers(args.ratios, "--ratios"),
+        eps=_numbers(args.eps, "--eps") if args.eps else (),
+        allocations=tuple(a.strip() for a in args.alloc.split(",") if a.strip()),
+        keys=args.keys, cache_dtype=cache_dtype(args.cache_dtype), length=args.length,
+        tolerance=tolerance[0], advice_eps=advice_eps[0], calib_size=args.calib_size,
+        eval_size=args.eval_size, overlap=args.overlap, batch_size=args.batch_size,
+        save=args.save)
+
+
+def cmd_compress(args, out: Console) -> int:
+    """The compress table (or Markdown, or one JSON document); --plot and --save write
+    only into new or empty directories; exit code 1 when --save found nothing to save."""
+    from .compress import compress_hf, compress_markdown, compress_run, compress_table
+
+    notes: list[str] = []
+    try:
+        options = _compress_options(args)
+        if args.plot:
+            from .plots import prepare_dir
+
+            prepare_dir(args.plot)  # refuse a non-empty --plot DIR before the slow part
+        progress = _compress_progress()
+        if args.hf is not None:
+            doc = compress_hf(args.hf, args.text, args.eval_text, options,
+                              seq_len=args.seq_len or 128, device=args.device or "auto",
+                              dtype=args.dtype or "float32", notes=notes, progress=progress)
+        else:
+            doc = compress_run(args.run_dir, options, notes=notes, progress=progress)
+    except BAD_INPUT as e:
+        message = COMPRESS_PARAM.sub(lambda m: COMPRESS_FLAGS[m[1]] + " ", str(e))
+        raise (type(e) if type(e) in BAD_INPUT else ValueError)(message) from None
+    finally:  # stderr: stdout stays one JSON document with --format json
+        for note in notes:
+            note = COMPRESS_PARAM.sub(lambda m: COMPRESS_FLAGS[m[1]] + " ", note)
+            print(f"rankzoo: note: {note}", file=sys.stderr)
+    doc["notes"] = [COMPRESS_PARAM.sub(lambda m: COMPRESS_FLAGS[m[1]] + " ", n)
+                    for n in doc["notes"]]  # as the user typed them, in md and json too
+    if args.plot:
+        from .compress import write_plot
+
+        print(f"rankzoo: wrote {write_plot(doc, args.plot)}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    elif args.format == "md":
+        print(compress_markdown(doc), end="")
+    else:
+        out.print(compress_table(doc))
+    if options.save is not None:
+        if doc.get("saved") is None:
+            return 1
+        print(f"rankzoo: wrote {doc['saved']['dir']} ({doc['saved']['setting']}, "
+              f"{doc['saved']['ratio']:.2f}x)", file=sys.stderr)
+    return 0
+
+
+def _compress_progress():
+    def show(line: str) -> None:
+        tty = sys.stderr.isatty()
+        print(("\r\033[K" if tty else "") + f"rankzoo: compress: {line}", end="" if tty else "\n",
+              file=sys.stderr, flush=True)
+    return show
+
+
 def console(stderr: bool = False) -> Console:
     """A rich console; 160 columns wide when not a terminal (logs, pipes, CI)."""
     c = Console(stderr=stderr)
@@ -437,7 +603,7 @@ def console(stderr: bool = False) -> Console:
 
 
 COMMANDS = {"blocks": cmd_blocks, "pick": cmd_pick, "train": cmd_train,
-            "report": cmd_report}
+            "report": cmd_report, "compress": cmd_compress}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,6 +53,9 @@ class MQARSpec(StrictConfig):
     # relabel tokens 1..V-1 by a permutation drawn from this seed: the same task over a new
     # key/value vocabulary (a second task for fine-tuning); None: no relabelling
     permute_seed: int | None = None
+    # numbers of key-value pairs mixed in the training split (None: num_kv_pairs alone).
+    # Training on a mix is how recall is usually studied: one model, judged at each count
+    train_kv_pairs: tuple[int, ...] | list[int] | None = None
 
     def validate(self) -> None:
         positive_int("mqar", vocab_size=self.vocab_size, seq_len=self.seq_len,
@@ -65,28 +68,35 @@ class MQARSpec(StrictConfig):
                 f"mqar num_kv_pairs ({n}) too large for vocab_size ({V}): {n_keys} distinct "
                 f"keys and {n_values} distinct values available")
         positive_number("mqar", power_a=self.power_a)
-        if self.val_kv_pairs is not None:
-            self._check_val_kv_pairs()
+        for name in ("val_kv_pairs", "train_kv_pairs"):
+            if getattr(self, name) is not None:
+                self._check_kv_pairs(name)
         require(self.permute_seed is None or self.permute_seed >= 0,
                 f"mqar.permute_seed must be a non-negative int or None, "
                 f"got {self.permute_seed!r}")
 
-    def _check_val_kv_pairs(self) -> None:
-        pairs = list(self.val_kv_pairs)
+    def _check_kv_pairs(self, name: str) -> None:
+        pairs = list(getattr(self, name))
         require(bool(pairs) and all(is_instance(n, int) and n >= 1 for n in pairs),
-                f"mqar val_kv_pairs must be a non-empty list of positive ints, got {pairs!r}")
-        require(len(set(pairs)) == len(pairs), f"mqar val_kv_pairs has repeated values: {pairs}")
+                f"mqar {name} must be a non-empty list of positive ints, got {pairs!r}")
+        require(len(set(pairs)) == len(pairs), f"mqar {name} has repeated values: {pairs}")
         for n in pairs:
             try:
-                replace(self, num_kv_pairs=n, val_kv_pairs=None)
+                replace(self, num_kv_pairs=n, val_kv_pairs=None, train_kv_pairs=None)
             except ValueError as e:
-                msg = str(e).replace(f"mqar num_kv_pairs ({n})", f"mqar val_kv_pairs value {n}")
-                raise ValueError(f"{msg} (val_kv_pairs {pairs})") from None
+                msg = str(e).replace(f"mqar num_kv_pairs ({n})", f"mqar {name} value {n}")
+                raise ValueError(f"{msg} ({name} {pairs})") from None
 
     @property
     def eval_kv_pairs(self) -> tuple[int, ...]:
         """The numbers of key-value pairs in the validation split."""
         return tuple(self.val_kv_pairs) if self.val_kv_pairs is not None else (self.num_kv_pairs,)
+
+    @property
+    def fit_kv_pairs(self) -> tuple[int, ...]:
+        """The numbers of key-value pairs in the training split."""
+        return (tuple(self.train_kv_pairs) if self.train_kv_pairs is not None
+                else (self.num_kv_pairs,))
 
     @property
     def chance_accuracy(self) -> float:
@@ -157,20 +167,26 @@ def permute_tokens(tokens: torch.Tensor, labels: torch.Tensor, vocab_size: int,
 
 def make_mqar_val(spec: MQARSpec, num_examples: int,
                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The validation split: `num_examples` examples for each number of key-value pairs in
-    `spec.eval_kv_pairs`, split as evenly as possible and interleaved (example i has the
-    (i mod k)-th number), so any prefix (the monitor's probe batch) mixes them. An example
-    with n pairs has exactly n labelled positions, which is how validation tells them apart.
-    With one number this is exactly make_mqar(spec, num_examples, seed)."""
-    pairs = spec.eval_kv_pairs
+    """The validation split: make_mqar_mix over `spec.eval_kv_pairs`."""
+    return make_mqar_mix(spec, spec.eval_kv_pairs, num_examples, seed)
+
+
+def make_mqar_mix(spec: MQARSpec, pairs: tuple[int, ...], num_examples: int,
+                  seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`num_examples` examples for each number of key-value pairs in `pairs`, split as
+    evenly as possible and interleaved (example i has the (i mod k)-th number), so any
+    prefix (the monitor's probe batch, a training batch) mixes them. An example with n
+    pairs has exactly n labelled positions, which is how validation tells them apart.
+    With pairs == (num_kv_pairs,) this is exactly make_mqar(spec, num_examples, seed)."""
     if pairs == (spec.num_kv_pairs,):
         return make_mqar(spec, num_examples, seed)
     k = len(pairs)
     if num_examples < k:
-        raise ValueError(f"mqar val_size ({num_examples}) must be >= the number of "
-                         f"val_kv_pairs values ({k}: {list(pairs)})")
+        raise ValueError(f"mqar split of {num_examples} examples must be >= the number of "
+                         f"key-value pair counts mixed in it ({k}: {list(pairs)})")
     sizes = [num_examples // k + (i < num_examples % k) for i in range(k)]
-    parts = [make_mqar(replace(spec, num_kv_pairs=n, val_kv_pairs=None), size, seed + i)
+    one = replace(spec, val_kv_pairs=None, train_kv_pairs=None)
+    parts = [make_mqar(replace(one, num_kv_pairs=n), size, seed + i)
              for i, (n, size) in enumerate(zip(pairs, sizes, strict=True))]
     order = torch.cat([torch.arange(size) * k + i for i, size in enumerate(sizes)]).argsort()
     tokens = torch.cat([t for t, _ in parts])[order]  # [N, T]
@@ -215,7 +231,8 @@ def make_splits(spec, train_size: int, val_size: int,
                 make_markov(spec, val_size, seed + VAL_SEED_OFFSET, transition_seed=seed))
     if isinstance(spec, TextSpec):
         return text_splits(spec, train_size, val_size, seed)
-    return make_mqar(spec, train_size, seed), make_mqar_val(spec, val_size, seed + VAL_SEED_OFFSET)
+    return (make_mqar_mix(spec, spec.fit_kv_pairs, train_size, seed),
+            make_mqar_val(spec, val_size, seed + VAL_SEED_OFFSET))
 
 
 def make_loaders(spec, train_size: int, val_size: int, batch_size: int,

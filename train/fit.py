@@ -306,8 +306,10 @@ def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
     with the run's status: finished, and whether it learned against the baseline of its
     task drawn from `seed` (train/status.py run_status)."""
     record = last_record(vdir / "ranks.jsonl")
+    # the per-count accuracies (val/accuracy/kv<n>) feed the recall-vs-capacity view
     metrics = finite_metrics({k: v for k, v in final.items()
-                              if k in ("val/loss", "val/accuracy", "train/loss")})
+                              if k in ("val/loss", "val/accuracy", "train/loss")
+                              or k.startswith("val/accuracy/kv")})
     metrics["chance_accuracy"] = exp.data.chance_accuracy
     metrics["fit_seconds"] = seconds
     status = run_status("finished", record["step"], exp.train.max_steps, metrics,

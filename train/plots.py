@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
+from .recall import recall_figure, recall_view
 from .results import is_variant_dir, rank_records, variant_dirs
 
 SPECTRUM_QUANTITIES = ("mixing_centered", "past_future", "qk", "value", "out")
@@ -373,6 +374,9 @@ def write_plots(run_dir, report: dict, out_dir) -> tuple[list[Path], list[str]]:
         notes.append(f"no ranks.jsonl under {run_dir}: rank-over-training figure skipped")
     written += _write_heads(report, out_dir, notes)
     written.append(save_figure(budget_figure(report), out_dir / "declared_vs_realized.png"))
+    view = recall_view(report)  # MQAR runs with per-count accuracies
+    if view is not None:
+        written.append(save_figure(recall_figure(view), out_dir / "recall_vs_capacity.png"))
     return written, notes
 
 
@@ -401,6 +405,9 @@ def write_probe_plots(name: str, entry: dict, report: dict,
         written.append(save_figure(fig, out_dir / f"spectrum_{safe_name(name)}.png"))
     written += _write_heads(report, out_dir, notes)
     written.append(save_figure(budget_figure(report), out_dir / "declared_vs_realized.png"))
+    view = recall_view(report)  # MQAR runs with per-count accuracies
+    if view is not None:
+        written.append(save_figure(recall_figure(view), out_dir / "recall_vs_capacity.png"))
     return written, notes
 
 

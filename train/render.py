@@ -460,6 +460,9 @@ def advice_text(item: dict) -> str:
         who = f" for {item['variant']}" if item.get("variant") else ""
         return f"no advice{who}: {item['text']}"
     cond = conditions_text(item)
+    eps = (item.get("conditions") or {}).get("eps")
+    if eps is not None and f"eps {eps:g}" in item["text"]:
+        cond = ""  # the text already states what it rests on
     return item["text"] + (f" [{cond}]" if cond else "")
 
 

@@ -20,6 +20,7 @@ from budgets.schema import check, read_text
 
 from .config.sections import DataConfig, parse_section
 from .io import read_yaml
+from .recall import recall_markdown, recall_view
 from .render import to_markdown
 from .status import describe_status, read_status, run_status, status_notes
 
@@ -315,4 +316,6 @@ def summary_markdown(report: dict) -> str:
 
 
 def report_markdown(report: dict) -> str:
-    return to_markdown(report) + "\n" + summary_markdown(report)
+    view = recall_view(report)  # MQAR runs: recall against the state each variant carries
+    tail = "" if view is None else "\n" + recall_markdown(view)
+    return to_markdown(report) + "\n" + summary_markdown(report) + tail

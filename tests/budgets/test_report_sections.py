@@ -30,10 +30,10 @@ def test_rows_carry_their_part_and_the_budget_its_three_parts(fake_layer):
     budgets = [RankBudget.from_dict(ly["budget"]) for ly in layers]
     assert v["budget"]["per_layer"] == [
         {"layer": i, "pretrain": b.pretrain, "adapter": b.adapter, "inference": b.inference,
-         "total": b.total} for i, b in enumerate(budgets)]
+         "total": b.total, "cache_elements": b.cache_elements} for i, b in enumerate(budgets)]
     model = v["budget"]["model"]
     assert model == {k: sum(p[k] for p in v["budget"]["per_layer"])
-                     for k in ("pretrain", "adapter", "inference", "total")}
+                     for k in ("pretrain", "adapter", "inference", "total", "cache_elements")}
     assert v["budget_total"] == model["total"] == sum(b.total for b in budgets)
     assert v["batch_size"] == 2
 

@@ -105,3 +105,34 @@ def test_apply_override_creates_missing_sections():
     raw = {}
     apply_override(raw, "train.lr=1e-3")
     assert raw == {"train": {"lr": 0.001}}
+
+
+def _per_variant_train_raw(train) -> dict:
+    return {"name": "t", "data": {"vocab_size": 32, "seq_len": 32, "num_kv_pairs": 4,
+                                  "train_size": 64, "val_size": 8, "batch_size": 8},
+            "model": {"d_model": 16, "n_layers": 1}, "block_defaults": {"n_heads": 2},
+            "train": {"optimizer": "muon", "lr": 1e-2},
+            "variants": {"mha": {"block": "softmax"},
+                         "ssm": {"block": "ssm", "d_state": 4, "train": train}}}
+
+
+def test_a_variant_sets_its_own_optimizer_and_lr():
+    from train.config import parse_experiment
+
+    exp = parse_experiment(_per_variant_train_raw({"optimizer": "adamw", "lr": 3e-3}))
+    assert exp.variant_config("ssm")["train"]["optimizer"] == "adamw"
+    assert exp.variant_config("ssm")["train"]["lr"] == 3e-3
+    assert exp.variant_config("mha")["train"]["optimizer"] == "muon"
+    assert parse_experiment(exp.to_dict()) == exp  # the resolved config keeps it
+
+
+@pytest.mark.parametrize("train, match", [
+    ({"max_steps": 3}, r"variants.ssm.train: \['max_steps'\] cannot differ between variants"),
+    ({"lr": -1}, r"variants.ssm.train: train.lr must be > 0, got -1"),
+    (5, r"variants.ssm.train must be a mapping"),
+], ids=["shared-key", "bad-value", "not-a-mapping"])
+def test_bad_variant_train_is_named(train, match):
+    from train.config import parse_experiment
+
+    with pytest.raises(ValueError, match=match):
+        parse_experiment(_per_variant_train_raw(train))

@@ -109,3 +109,27 @@ def test_val_kv_pairs_belongs_to_mqar_only():
     raw["data"] = {"task": "markov", "seq_len": 16, "val_kv_pairs": [2]}
     with pytest.raises(ValueError, match="data.val_kv_pairs"):
         parse_experiment(raw)
+
+
+def test_training_split_mixes_train_kv_pairs():
+    spec = MQARSpec(32, 32, 4, val_kv_pairs=(2, 8), train_kv_pairs=(2, 4, 8))
+    (tokens, labels), (_, val_labels) = make_splits(spec, 9, 4, seed=0)
+    assert (labels != IGNORE).sum(dim=1).tolist() == [2, 4, 8] * 3
+    assert (val_labels != IGNORE).sum(dim=1).tolist() == [2, 8, 2, 8]
+    # the resolved config carries it and loads back to the same experiment
+    raw = copy.deepcopy(RAW)
+    raw["data"]["train_kv_pairs"] = [2, 8]
+    exp = parse_experiment(raw)
+    assert exp.data.mqar_spec().fit_kv_pairs == (2, 8)
+    assert parse_experiment(exp.to_dict()).data == exp.data
+
+
+@pytest.mark.parametrize("value, match", [
+    ([2, 9], r"train_kv_pairs value 9 too large for seq_len \(32\).*\[2, 9\]"),
+    ([3, 3], r"train_kv_pairs has repeated values: \[3, 3\]"),
+])
+def test_bad_train_kv_pairs_are_named(value, match):
+    raw = copy.deepcopy(RAW)
+    raw["data"]["train_kv_pairs"] = value
+    with pytest.raises(ValueError, match=match):
+        parse_experiment(raw)

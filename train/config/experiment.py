@@ -25,9 +25,13 @@ class Variant:
     block_kwargs: dict[str, Any]
     base: str = ""
     point: dict[str, Any] = field(default_factory=dict)
+    # this variant's own optimizer settings over the train section's (VARIANT_TRAIN_KEYS):
+    # block families are often trained at their own learning rate
+    train: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block": self.block, **self.block_kwargs}
+        return {"block": self.block, **self.block_kwargs,
+                **({"train": dict(self.train)} if self.train else {})}
 
 
 SECTIONS: dict[str, type[StrictConfig]] = {
@@ -76,7 +80,7 @@ class Experiment:
         model = self.model.to_dict()
         if variant in self.d_mlp:
             model["d_mlp"] = self.d_mlp[variant]
-        train = {**self.train.to_dict(),
+        train = {**self.train.to_dict(), **v.train,
                  **{k: v.point[k] for k in ("optimizer", "lr") if k in v.point}}
         config = {
             "experiment": self.name, "variant": variant, "seed": v.point.get("seed", self.seed),

@@ -45,6 +45,7 @@ def parse_body(raw: Any) -> Experiment:
     defaults = raw.get("block_defaults") or {}
     require(isinstance(defaults, dict), f"block_defaults must be a mapping, got {defaults!r}")
     variants = parse_variants(raw.get("variants"), defaults, sections["model"].d_model)
+    check_variant_train(sections["train"], variants)
     # state first: the matched knob changes the block's parameters, which params then match
     state = match_states(sections, variants) if sections["match"].state else {}
     d_mlp = match_widths(sections, variants, state) if sections["match"].params else {}
@@ -91,6 +92,7 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
     require(isinstance(raw, dict),
             f"{where} must be a mapping with at least 'block', got {raw!r}")
     raw = dict(raw)
+    train = parse_variant_train(raw.pop("train", None), where)
     block = raw.pop("block", None)
     require(block is not None, f"{where}.block is missing; one of {zoo.names()}")
     require(isinstance(block, str), f"{where}.block must be one of {zoo.names()}, got "
@@ -107,7 +109,33 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
         cls.Config.from_dict(kwargs, d_model=d_model)  # validates every value
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
-    return Variant(name, block, kwargs)
+    return Variant(name, block, kwargs, train=train)
+
+
+# what a variant may set for itself under `train:`; the rest of train is shared, so that
+# the variants stay comparable (same steps, data, schedule length)
+VARIANT_TRAIN_KEYS = ("optimizer", "lr", "weight_decay", "warmup_steps")
+
+
+def parse_variant_train(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    require(isinstance(raw, dict), f"{where}.train must be a mapping of "
+                                   f"{', '.join(VARIANT_TRAIN_KEYS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(VARIANT_TRAIN_KEYS))
+    require(not unknown, f"{where}.train: {unknown} cannot differ between variants; a "
+                         f"variant sets only {', '.join(VARIANT_TRAIN_KEYS)}")
+    return dict(raw)
+
+
+def check_variant_train(train: TrainConfig, variants: dict[str, Variant]) -> None:
+    """Each variant's train overrides, validated merged into the train section."""
+    for name, v in variants.items():
+        if v.train:
+            try:
+                TrainConfig.from_dict({**train.to_dict(), **v.train})
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"variants.{name}.train: {e}") from None
 
 
 def check_block_keys(cls: type, block: str, kwargs: dict[str, Any], where: str,
@@ -134,7 +162,8 @@ def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
             name = run_name(v.name, point)
             require(name not in runs and (name not in variants or name == v.name),
                     f"sweep: run name {name!r} is taken twice; rename variant {v.name!r}")
-            runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point)
+            runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point,
+                                 train=v.train)
     widths = {run: d_mlp[r.base] for run, r in runs.items() if r.base in d_mlp}
     return runs, widths
 

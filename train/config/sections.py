@@ -29,7 +29,7 @@ def greater_than_zero(section: str, **values: Any) -> None:
 COMMON_DATA_KEYS = ("task", "seq_len", "train_size", "val_size", "batch_size")
 TASK_KEYS = {
     "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs",
-             "permute_seed"),
+             "train_kv_pairs", "permute_seed"),
     "markov": ("vocab_size", "rank", "temperature"),
     "text": ("paths", "max_bytes", "val_fraction", "pattern"),
 }
@@ -51,6 +51,7 @@ class DataConfig(StrictConfig):
     power_a: float = 0.01  # MQAR's query gap distribution: p(gap) ~ gap^(power_a - 1)
     random_non_queries: bool = True
     val_kv_pairs: list | None = None  # mqar: pair counts mixed in validation (num_kv_pairs)
+    train_kv_pairs: list | None = None  # mqar: pair counts mixed in training (num_kv_pairs)
     permute_seed: int | None = None  # mqar: relabel tokens by a seeded permutation (new vocab)
     rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
     temperature: float = 1.0  # markov: logits are (A B^T) / temperature
@@ -66,10 +67,11 @@ class DataConfig(StrictConfig):
         greater_than_zero("data", train_size=self.train_size, val_size=self.val_size,
                           batch_size=self.batch_size, seq_len=self.seq_len)
         self.spec()  # names the bad values
-        pairs = self.val_kv_pairs if self.task == "mqar" else None
-        require(pairs is None or self.val_size >= len(pairs),
-                f"data.val_size ({self.val_size}) must be >= the number of "
-                f"data.val_kv_pairs values ({pairs})")
+        for split, size in (("val", self.val_size), ("train", self.train_size)):
+            pairs = getattr(self, f"{split}_kv_pairs") if self.task == "mqar" else None
+            require(pairs is None or size >= len(pairs),
+                    f"data.{split}_size ({size}) must be >= the number of "
+                    f"data.{split}_kv_pairs values ({pairs})")
 
     def spec(self) -> MQARSpec | MarkovSpec | TextSpec:
         """The task's own validated spec (MQARSpec, MarkovSpec or TextSpec)."""
@@ -81,11 +83,12 @@ class DataConfig(StrictConfig):
         return self.mqar_spec()
 
     def mqar_spec(self) -> MQARSpec:
-        pairs = self.val_kv_pairs
+        def counts(pairs):
+            return tuple(pairs) if isinstance(pairs, list) else pairs
+
         return MQARSpec(self.vocab_size, self.seq_len, self.num_kv_pairs, self.power_a,
-                        self.random_non_queries,
-                        tuple(pairs) if isinstance(pairs, list) else pairs,
-                        self.permute_seed)
+                        self.random_non_queries, counts(self.val_kv_pairs),
+                        self.permute_seed, counts(self.train_kv_pairs))
 
     @property
     def intrinsic_rank(self) -> int | None:
@@ -102,7 +105,7 @@ class DataConfig(StrictConfig):
         """Only the keys this task reads (so a resolved config loads back)."""
         keys = (*COMMON_DATA_KEYS, *TASK_KEYS[self.task])
         out = {k: getattr(self, k) for k in keys}
-        for key in ("val_kv_pairs", "permute_seed"):
+        for key in ("val_kv_pairs", "train_kv_pairs", "permute_seed"):
             if out.get(key, 0) is None:  # unset: resolved configs stay as they were
                 del out[key]
         return out

@@ -1,0 +1,161 @@
+"""`rankzoo compress --hf`: Hugging Face causal LMs with low-rank KV caches.
+
+Tiny random models are saved into tmp directories: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="compress --hf needs transformers (pip install 'rankzoo[hf]')")
+
+from budgets.compress import projectors  # noqa: E402
+from train.cli import main  # noqa: E402
+from train.compress import (  # noqa: E402
+    CompressOptions,
+    HFTarget,
+    calibrate,
+    compress_hf,
+    disjoint_rows,
+    hf_data,
+)
+from train.hf_io import load_model  # noqa: E402
+
+
+def _cli(capsys, *args):
+    code = main(["compress", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "rank", "and", "budget", "met", "in",
+         "zoo", "of", "heads", "keys", "values", "queries", "cache", "layer", "token", "mixing")
+
+
+def _text(seed: int, n: int = 600) -> str:
+    picks = torch.randint(len(WORDS), (n,), generator=torch.Generator().manual_seed(seed))
+    return " ".join(WORDS[i] for i in picks.tolist()) + "\n"
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("texts")
+    (root / "calib.txt").write_text(_text(0))
+    (root / "eval.txt").write_text(_text(1))
+    return root / "calib.txt", root / "eval.txt"
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64,
+                                     n_positions=128)
+    path = tmp_path_factory.mktemp("hf") / "tiny-gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("which, keys", [("llama", "pre-rope"), ("llama", "post-rope"),
+                                         ("gpt2", "auto")])
+def test_hf_full_rank_equals_the_original(which, keys, llama_dir, gpt2_dir, texts):
+    model, _ = load_model(llama_dir if which == "llama" else gpt2_dir)
+    target = HFTarget(model, keys)
+    ids = torch.randint(0, 64, (3, 24), generator=torch.Generator().manual_seed(0))
+    before = target.evaluate(ids)["loss"]
+    cal = calibrate(target, ids, 2)
+    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads) for s in target.slots}
+    with target.projected(P):
+        assert target.evaluate(ids)["loss"] == pytest.approx(before, abs=2e-6)
+    low = {s.key: projectors(cal.bases[s.key], [1] * s.heads) for s in target.slots}
+    with target.projected(low):
+        assert abs(target.evaluate(ids)["loss"] - before) > 1e-5
+    assert target.evaluate(ids)["loss"] == before  # undone
+
+
+def test_hf_pre_and_post_rope_projections_differ(llama_dir):
+    model, _ = load_model(llama_dir)
+    ids = torch.randint(0, 64, (3, 24), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for keys in ("pre-rope", "post-rope"):
+        target = HFTarget(model, keys)
+        cal = calibrate(target, ids, 3)
+        P = {s.key: projectors(cal.bases[s.key], [2] * s.heads) for s in target.slots}
+        with target.projected(P):
+            losses.append(target.evaluate(ids)["loss"])
+    assert abs(losses[0] - losses[1]) > 1e-6
+
+
+def test_hf_calibration_and_evaluation_never_overlap_unless_asked(texts):
+    calib_text, eval_text = texts
+    data = calib_text.read_bytes()
+    notes = []
+    calib, evals = hf_data(data, data, None, 64, 16, 3, 2, False, "c", "c", notes)
+    ids = torch.tensor(list(data)) % 64
+    assert torch.equal(calib.flatten(), ids[:48])
+    assert torch.equal(evals.flatten(), ids[48:80])  # after the calibration tokens
+    assert "evaluation starts after its first 48 tokens" in notes[-1]
+    _, evals = hf_data(data, data, None, 64, 16, 3, 2, True, "c", "c", notes)
+    assert torch.equal(evals, calib[:2])  # asked for
+    # another file holding a calibration sequence: it is left out
+    other = data[:16] + eval_text.read_bytes()
+    _, evals = hf_data(data, other, None, 64, 16, 3, 3, False, "c", "e", notes)
+    assert len(evals) == 2 and len(disjoint_rows(calib, evals)) == 2
+    assert "1 evaluation sequences equal calibration sequences" in notes[-1]
+    with pytest.raises(ValueError, match="every evaluation sequence is a calibration sequence"):
+        hf_data(data, data[:48], None, 64, 16, 3, 3, False, "c", "e", notes)
+
+
+def test_hf_cli_table_json_and_save(llama_dir, texts, capsys, tmp_path):
+    calib_text, eval_text = texts
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--text", calib_text, "--eval-text",
+                          eval_text, "--seq-len", 16, "--ratios", "1.5,2", "--format", "json",
+                          "--device", "cpu", "--save", tmp_path / "small", "--tolerance", "5")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["source"]["model_type"] == "llama" and doc["keys"] == "pre-rope"
+    assert doc["prediction"]["source"].startswith("the KV advice of `rankzoo report --hf")
+    assert "perplexity" in doc["rows"][0] and doc["verdict"]["verdict"] == "verified"
+    saved = tmp_path / "small"
+    assert (saved / "config.json").is_file() and (saved / "bases.pt").is_file()
+    model, _ = load_model(saved)  # the compressed weights, read back as any HF model
+    evals = hf_data(calib_text.read_bytes(), eval_text.read_bytes(), None, 64, 16, 4, 4,
+                    False, "c", "e", [])[1]
+    row = json.loads((saved / "compress.json").read_text())["row"]
+    assert HFTarget(model).evaluate(evals)["loss"] == pytest.approx(row["loss"], abs=1e-5)
+    code, out, err = _cli(capsys, "--hf", llama_dir, "--text", calib_text, "--eval-text",
+                          eval_text, "--seq-len", 16, "--ratios", "2")
+    assert code == 0 and "verdict:" in out and "perplexity" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--text", "{calib}"), "needs --eval-text FILE"),
+    (("--text", "{calib}", "--eval-text", "{calib}", "--keys", "pre-rope"),
+     "--keys pre-rope: the gpt2 model has no RoPE"),
+    (("--text", "{calib}", "--eval-text", "{missing}"), "--eval-text"),
+])
+def test_hf_bad_input_is_one_line(gpt2_dir, texts, capsys, tmp_path, args, message):
+    args = [a.format(calib=texts[0], missing=tmp_path / "missing.txt") for a in args]
+    code, out, err = _cli(capsys, "--hf", gpt2_dir, *args, "--seq-len", 16)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_compress_hf_library_call(llama_dir, texts):
+    doc = compress_hf(llama_dir, *texts, CompressOptions(ratios=(2,)), seq_len=16)
+    assert [r["allocation"] for r in doc["rows"]] == ["full", "advised", "uniform", "greedy"]
+    assert doc["calibration"]["tokens"] == 4 * 16 and doc["evaluation"]["sequences"] == 4
