@@ -67,10 +67,11 @@ from budgets.compress import (
 )
 from budgets.hf import ROPE_LAYOUTS, kv_pairs, pre_rope_module
 from budgets.hf_layouts import EXTRACTORS, KV_BIASES, Geometry, layout_of
-from budgets.verdicts import DTYPE_BYTES, KEY_LABEL, VerdictThresholds, kv_option
+from budgets.verdicts import KEY_LABEL, VerdictThresholds, kv_option
 from zoo.block import split_heads
 
 from .io import write_json, write_yaml
+from .pick import DTYPE_LONG, dtype_name
 
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
@@ -80,8 +81,6 @@ FAMILIES = {"softmax": "kv", "sliding_window": "kv", "moe": "kv", "mla": "mla",
             "linear": "linear", "ssm": "ssm"}
 # the report's inference row whose rank a state family's implied ranks come from
 STATE_ROWS = {"mla": "inference.latent", "linear": "inference.state", "ssm": "inference.state"}
-CACHE_DTYPES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
-                "half": "float16", "fp8": "float8", "int8": "int8"}
 DEFAULT_RATIOS = (1.5, 2.0, 4.0, 8.0)
 DEFAULT_TOLERANCE = 0.02  # nats per token: exp(0.02) = 2% perplexity
 MIN_COMPRESSION = VerdictThresholds().min_compression  # the report's per-layer advice floor
@@ -90,13 +89,9 @@ HF_ATTENTION = "rankzoo_compress"  # the attention implementation that projects 
 
 
 def cache_dtype(text: str) -> str:
-    """A cache dtype as budgets/verdicts.py names it (bf16 and bfloat16 -> bfloat16)."""
-    name = str(text).strip().lower()
-    name = CACHE_DTYPES.get(name, name)
-    if name not in DTYPE_BYTES:
-        raise ValueError(f"cache_dtype={text}: unknown dtype; known: "
-                         f"{', '.join(CACHE_DTYPES)} (or {', '.join(DTYPE_BYTES)})")
-    return name
+    """A cache dtype as budgets/verdicts.py names it (bf16 and bfloat16 -> bfloat16), parsed
+    as `rankzoo pick` parses it."""
+    return DTYPE_LONG[dtype_name(text)]
 
 
 @dataclass(frozen=True)
@@ -200,6 +195,17 @@ def _rows(surgery: Surgery, weight: torch.Tensor, bias: torch.Tensor | None,
     surgery.overwrite(weight, project_rows(weight, P))
     if bias is not None:
         surgery.overwrite(bias, project_rows(bias[:, None], P)[:, 0])
+
+
+@contextlib.contextmanager
+def projected(target, P: dict):
+    """target.model with target.apply(surgery, P) in force; every change undone on exit."""
+    surgery = Surgery()
+    try:
+        target.apply(surgery, P)
+        yield target.model
+    finally:
+        surgery.restore()
 
 
 # ---------------------------------------------------------------- zoo targets
@@ -308,15 +314,9 @@ class ZooTarget:
         for i, block in enumerate(self.blocks):
             self._project_block(surgery, i, block, P)
 
-    @contextlib.contextmanager
     def projected(self, P: dict[tuple[int, str], torch.Tensor]):
         """The model with every slot projected by its P [G, K, K]; undone on exit."""
-        surgery = Surgery()
-        try:
-            self.apply(surgery, P)
-            yield self.model
-        finally:
-            surgery.restore()
+        return projected(self, P)
 
     def _project_block(self, surgery: Surgery, i: int, block, P: dict) -> None:
         if self.family == "kv":
@@ -460,14 +460,8 @@ class HFTarget:
             _attention_with_projected_keys(self.model, surgery, self.index,
                                            {i: P[(i, "k")] for i in range(self.g.n_layers)})
 
-    @contextlib.contextmanager
     def projected(self, P: dict):
-        surgery = Surgery()
-        try:
-            self.apply(surgery, P)
-            yield self.model
-        finally:
-            surgery.restore()
+        return projected(self, P)
 
     @torch.no_grad()
     def evaluate(self, ids: torch.Tensor, labels=None, batch_size: int = 1) -> dict:

@@ -46,6 +46,7 @@ from rich.table import Table
 
 import zoo
 from budgets import RankBudget
+from budgets.verdicts import DTYPE_BYTES as VERDICT_DTYPE_BYTES
 
 from .config import parse_experiment
 from .io import read_yaml
@@ -55,7 +56,10 @@ from .results import has_results, is_variant_dir, variant_dirs, variant_report
 
 # ---------------------------------------------------------------- units
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# the short names people write -> the names of budgets' byte table (the one source of sizes)
+DTYPE_LONG = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8",
+              "int8": "int8"}
+DTYPE_BYTES = {short: VERDICT_DTYPE_BYTES[long] for short, long in DTYPE_LONG.items()}
 DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
                  "half": "fp16", "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 

@@ -372,12 +372,18 @@ def write_plots(run_dir, report: dict, out_dir) -> tuple[list[Path], list[str]]:
         written.append(save_figure(history_figure(histories), out_dir / "rank_over_training.png"))
     else:
         notes.append(f"no ranks.jsonl under {run_dir}: rank-over-training figure skipped")
-    written += _write_heads(report, out_dir, notes)
+    return written + _write_report_figures(report, out_dir, notes), notes
+
+
+def _write_report_figures(report: dict, out_dir: Path, notes: list[str]) -> list[Path]:
+    """The figures drawn from the report alone: heads, declared vs realized, and recall vs
+    capacity for MQAR runs with per-count accuracies."""
+    written = _write_heads(report, out_dir, notes)
     written.append(save_figure(budget_figure(report), out_dir / "declared_vs_realized.png"))
-    view = recall_view(report)  # MQAR runs with per-count accuracies
+    view = recall_view(report)
     if view is not None:
         written.append(save_figure(recall_figure(view), out_dir / "recall_vs_capacity.png"))
-    return written, notes
+    return written
 
 
 def _write_heads(report: dict, out_dir: Path, notes: list[str]) -> list[Path]:
@@ -403,12 +409,7 @@ def write_probe_plots(name: str, entry: dict, report: dict,
         notes.append(f"{name}: the probe holds no spectra; spectrum figure skipped")
     else:
         written.append(save_figure(fig, out_dir / f"spectrum_{safe_name(name)}.png"))
-    written += _write_heads(report, out_dir, notes)
-    written.append(save_figure(budget_figure(report), out_dir / "declared_vs_realized.png"))
-    view = recall_view(report)  # MQAR runs with per-count accuracies
-    if view is not None:
-        written.append(save_figure(recall_figure(view), out_dir / "recall_vs_capacity.png"))
-    return written, notes
+    return written + _write_report_figures(report, out_dir, notes), notes
 
 
 def safe_name(name: str) -> str:

@@ -355,6 +355,11 @@ def render_heads(report: dict) -> Table | None:
     for c in HEAD_CLASSES:
         table.add_column(c, justify="right", no_wrap=True)
     table.add_column("summary", overflow="fold", ratio=1)
+    return add_grouped_rows(table, rows)
+
+
+def add_grouped_rows(table: Table, rows) -> Table:
+    """Rows (variant, *cells), the variant named on its first row only."""
     last = None
     for variant, *cells in rows:
         table.add_row(variant if variant != last else "", *cells)
@@ -406,11 +411,7 @@ def render_residual(report: dict) -> Table | None:
     for col in ("layer", "resid Hc", "input Hc", "median"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("massive tokens", overflow="fold", ratio=1)
-    last = None
-    for variant, *cells in rows:
-        table.add_row(variant if variant != last else "", *cells)
-        last = variant
-    return table
+    return add_grouped_rows(table, rows)
 
 
 # ---------------------------------------------------------------- the whole report
