@@ -4,7 +4,7 @@ budgets knows nothing of zoo or Lightning: the probes read any model whose block
 `budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`
 (optionally `key_value_heads`; budgets.hf probes a loaded Hugging Face model the same
 way). budgets measures and returns data; loading files and rendering tables are the CLI's
-(train/hf_io.py, train/render.py).
+(train/hf/__init__.py, train/render/__init__.py).
 """
 
 from .adapters import adapter_ranks, lowrank_singular_values

@@ -18,7 +18,7 @@ methods give:
 against caps declared from the config alone (budgets/hf_layouts.py), exactly as zoo's
 softmax block declares them. The entries have probe_model's format, so build_report,
 to_json, verdicts and advice work unchanged. Loading a model and cutting the probe batch
-from a text are the caller's business (train/hf_io.py); tensors are measured on the
+from a text are the caller's business (train/hf/__init__.py); tensors are measured on the
 device they are on.
 
 Two paths, chosen by the probe length T as probe_model chooses them:

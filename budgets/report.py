@@ -10,7 +10,7 @@ metric of docs/METRICS.md; utilization = mean over heads / declared cap. The cen
 mixing erank rides along per layer: raw softmax ranks read ~1 whenever attention is
 near-uniform (see docs/METRICS.md), so the report keeps the centered view next to them.
 The report is data (a JSON-serializable dict); tables and Markdown for people are drawn
-from it on the CLI side (train/render.py).
+from it on the CLI side (train/render/__init__.py).
 
 The budget has three parts (RankBudget): pretrain (rows of the mixing, logits, value_path
 and out axes), adapter (LoRA rows) and inference (caches and states); every row says its
@@ -37,7 +37,7 @@ from .verdicts import VerdictThresholds, annotate
 REPORT_SCHEMA = "rankzoo.report"
 # Version 1 still: verdicts, "collapsed", "advice" and "thresholds" were *added* keys, so a
 # reader of the first version-1 reports keeps working, and older report.json files (without
-# them) are annotated on load (train/results.py). Bump the version only when an existing
+# them) are annotated on load (train/rundir/read.py). Bump the version only when an existing
 # key changes meaning or goes away.
 REPORT_SCHEMA_VERSION = 1
 

@@ -319,7 +319,7 @@ def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict
 
 def compress_command(name: str, ratio: float | None = None) -> str:
     """The command that measures what the KV advice of variant `name` costs in loss
-    (train/compress.py): for a run's variant, and for a Hugging Face model. The sweep's
+    (train/commands/compress/__init__.py): for a run's variant, and for a Hugging Face model. The sweep's
     ratios bracket the advised one; the advised ranks themselves are always measured."""
     ratios = {1.5, 2.0, 4.0} | ({math.floor(ratio * 100) / 100} if ratio and ratio > 1 else set())
     listed = ",".join(f"{r:g}" for r in sorted(ratios))

@@ -34,9 +34,9 @@ FORBIDDEN = {"budgets": ("zoo", "train"), "zoo": ("train",)}
 
 @dataclass(frozen=True)
 class Edge:
-    source: str  # importing module, e.g. "train.run"
-    target: str  # imported module of the project, e.g. "train.finetune"
-    where: str  # "train/run.py:351", for the failure message
+    source: str  # importing module, e.g. "train.experiment.stages"
+    target: str  # imported module of the project, e.g. "train.experiment.finetune"
+    where: str  # "train/experiment/stages.py:51", for the failure message
     names: tuple[str, ...] = ()  # names taken from target by `from target import ...`
 
 
@@ -276,9 +276,12 @@ CLEAN = {
                                       "def kernel():\n    pass\n",
     "zoo/ops/registry.py": "class Backend:\n    pass\n",
     "train/__init__.py": "__version__ = '0'\n",
-    "train/cli.py": "import zoo\nfrom budgets.metrics import rank_metrics\n"
-                    "from . import __version__\n\ndef main():\n    from .run import fit\n",
-    "train/run.py": "import zoo.ops.registry\nfrom zoo import Block\n\ndef fit():\n    pass\n",
+    "train/cli/__init__.py": "import zoo\nfrom budgets.metrics import rank_metrics\n"
+                             "from .. import __version__\n\ndef main():\n"
+                             "    from ..experiment.stages import fit\n",
+    "train/experiment/__init__.py": "",
+    "train/experiment/stages.py": "import zoo.ops.registry\nfrom zoo import Block\n\n"
+                                  "def fit():\n    pass\n",
 }
 
 
@@ -286,7 +289,8 @@ def test_checker_passes_a_clean_tree(tmp_path):
     edges = import_edges(plant(tmp_path, CLEAN))
     pairs = {(e.source, e.target) for e in edges}
     assert {("zoo", "zoo.softmax"), ("zoo.ops.attention.reference", "zoo.ops.registry"),
-            ("train.cli", "train.run"), ("train.run", "zoo.ops.registry"),
+            ("train.cli", "train.experiment.stages"),
+            ("train.experiment.stages", "zoo.ops.registry"),
             ("train.cli", "budgets.metrics")} <= pairs  # relative, nested, in a function
     assert not find_cycles(edges)
     assert not layer_violations(edges)
@@ -294,11 +298,12 @@ def test_checker_passes_a_clean_tree(tmp_path):
 
 
 def test_checker_finds_a_planted_cycle(tmp_path):
-    files = {**CLEAN, "train/run.py": CLEAN["train/run.py"] + "\ndef report():\n"
-                                                            "    from .cli import main\n"}
+    stages = "train/experiment/stages.py"
+    files = {**CLEAN, stages: CLEAN[stages] + "\ndef report():\n    from ..cli import main\n"}
     cycles = find_cycles(import_edges(plant(tmp_path, files)))
     assert [describe_cycle(c) for c in cycles] == [
-        "train.cli -> train.run -> train.cli  (train/cli.py:6, train/run.py:8)"]
+        "train.cli -> train.experiment.stages -> train.cli  "
+        "(train/cli/__init__.py:6, train/experiment/stages.py:8)"]
 
 
 def test_checker_finds_a_longer_cycle_through_subpackages(tmp_path):
@@ -326,8 +331,8 @@ def test_checker_finds_zoo_importing_train(tmp_path):
 
 def test_checker_finds_a_planted_private_import(tmp_path):
     files = {**CLEAN, "budgets/probes.py": "from .metrics import _helper, rank_metrics\n",
-             "train/plots.py": "def f():\n    from zoo.ops.registry import Backend, _cache\n"}
+             "train/render/plots.py": "def f():\n    from zoo.ops.registry import Backend, _cache\n"}
     bad = private_imports(import_edges(plant(tmp_path, files)))
     assert sorted((e.where, e.target, n) for e, n in bad) == [
         ("budgets/probes.py:1", "budgets.metrics", "_helper"),
-        ("train/plots.py:2", "zoo.ops.registry", "_cache")]
+        ("train/render/plots.py:2", "zoo.ops.registry", "_cache")]

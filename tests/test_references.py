@@ -1,7 +1,7 @@
 """Every file the project's text points to exists in the repository.
 
 Docstrings, comments, the README and docs/ name files as pointers for the reader
-("see docs/METRICS.md", "train/lora.py"). A pointer counts when it starts with one of the
+("see docs/METRICS.md", "train/lm/lora.py"). A pointer counts when it starts with one of the
 repository's top-level directories or is a bare capitalized Markdown name (README.md,
 METRICS.md); it resolves against the repository root, the referring file's directory or
 docs/. Lowercase bare names (report.md, config.yaml) are files of a run directory, not

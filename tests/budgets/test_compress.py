@@ -1,9 +1,9 @@
-"""budgets/compress.py: bases from activations, projections, bytes, rank allocation."""
+"""budgets/lowrank.py: bases from activations, projections, bytes, rank allocation."""
 
 import pytest
 import torch
 
-from budgets.compress import (
+from budgets.lowrank import (
     Slot,
     SlotStats,
     cache_bytes,

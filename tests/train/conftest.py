@@ -7,8 +7,8 @@ import torch
 
 import budgets
 from train.config import parse_experiment
-from train.io import write_json, write_yaml
-from train.model import build_model
+from train.lm.decoder import build_model
+from train.rundir.files import write_json, write_yaml
 
 
 def tiny_markov(name: str, checkpoint_every: int) -> dict:

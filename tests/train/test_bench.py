@@ -1,10 +1,10 @@
-"""Smoke test of `python -m train.bench monitor` (not a timed test)."""
+"""Smoke test of `python -m train.harness.bench_monitor monitor` (not a timed test)."""
 
 import re
 
 import yaml
 
-from train.bench import main
+from train.harness.bench_monitor import main
 
 RAW = {
     "name": "b", "seed": 0,

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import budgets
-from budgets.compress import full_ranks, projectors
+from budgets.lowrank import full_ranks, projectors
 from train.cli import main
-from train.compress import (
+from train.commands.compress import (
     CompressOptions,
     ZooTarget,
     calibrate,
@@ -26,9 +26,9 @@ from train.compress import (
 )
 from train.config import parse_experiment
 from train.data import make_splits
-from train.io import write_yaml
-from train.model import DecoderLM, build_model
-from train.results import load_run
+from train.lm.decoder import DecoderLM, build_model
+from train.rundir.files import write_yaml
+from train.rundir.read import load_run
 
 VOCAB = 16
 FAMILIES = {

@@ -13,9 +13,9 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="compress --hf needs transformers (pip install 'rankzoo[hf]')")
 
-from budgets.compress import projectors  # noqa: E402
+from budgets.lowrank import projectors  # noqa: E402
 from train.cli import main  # noqa: E402
-from train.compress import (  # noqa: E402
+from train.commands.compress import (  # noqa: E402
     CompressOptions,
     HFTarget,
     calibrate,
@@ -23,7 +23,7 @@ from train.compress import (  # noqa: E402
     disjoint_rows,
     hf_data,
 )
-from train.hf_io import load_model  # noqa: E402
+from train.hf import load_model  # noqa: E402
 
 
 def _cli(capsys, *args):

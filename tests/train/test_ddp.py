@@ -92,7 +92,7 @@ def test_ddp_tensorboard_scalars_logged_once(ddp_run):
     ({"RANK": "3", "LOCAL_RANK": "1"}, False),
 ])
 def test_is_global_zero_reads_launcher_env(monkeypatch, env, zero):
-    from train.fit import is_global_zero
+    from train.harness.fit import is_global_zero
 
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)

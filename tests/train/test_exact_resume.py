@@ -31,9 +31,9 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import train.module as module_py
+import train.harness.module as module_py
 from train.cli import main
-from train.status import read_status
+from train.rundir.status import read_status
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
@@ -57,7 +57,7 @@ DRIVER = '''
 import os, signal, sys
 sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests", "train")]
 import budgets
-import train.checkpoint as checkpoint
+import train.harness.checkpoint as checkpoint
 from test_exact_resume import record_draws
 from train.cli import main
 

@@ -13,11 +13,11 @@ from torch import nn
 import budgets
 import zoo
 from train.config import parse_experiment
-from train.finetune import finetune_variant, lora_name
-from train.lora import LoRALinear, attach_lora, lora_parameters
-from train.module import build_model
-from train.optim import build_optimizer
-from train.run import train_experiment
+from train.experiment.finetune import finetune_variant, lora_name
+from train.experiment.stages import train_experiment
+from train.harness.module import build_model
+from train.harness.optim import build_optimizer
+from train.lm.lora import LoRALinear, attach_lora, lora_parameters
 
 DATA = {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2, "train_size": 64,
         "val_size": 16, "batch_size": 16}

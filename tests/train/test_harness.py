@@ -20,9 +20,9 @@ from train.data import (
     markov_transitions,
     text_splits,
 )
-from train.module import LMModule, NonFiniteLoss
-from train.optim import Combined, build_optimizer, muon_params
-from train.plan import count_params, matched_widths
+from train.experiment.plan import count_params, matched_widths
+from train.harness.module import LMModule, NonFiniteLoss
+from train.harness.optim import Combined, build_optimizer, muon_params
 
 BASE = {
     "name": "h", "seed": 0,
@@ -215,7 +215,7 @@ def test_lion_missing_names_the_package(monkeypatch):
 # ---------------------------------------------------------------- Lightning runs
 
 def test_muon_on_markov_trains_through_lightning(tmp_path):
-    from train.run import train_experiment
+    from train.experiment.stages import train_experiment
 
     raw = with_(train={"optimizer": "muon", "max_steps": 4})
     raw["data"] = {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
@@ -230,7 +230,7 @@ def test_muon_on_markov_trains_through_lightning(tmp_path):
 
 def test_non_finite_loss_stops_naming_variant_and_step_and_keeps_last_good_checkpoint(
         tmp_path, monkeypatch):
-    from train.run import train_experiment
+    from train.experiment.stages import train_experiment
 
     real = LMModule._loss
 

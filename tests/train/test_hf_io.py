@@ -20,7 +20,7 @@ transformers = pytest.importorskip(
 
 import budgets  # noqa: E402
 from train.cli import main  # noqa: E402
-from train.hf_io import hf_report, import_transformers, offline, probe_hf  # noqa: E402
+from train.hf import hf_report, import_transformers, offline, probe_hf  # noqa: E402
 
 T, P = 32, 2  # seq len, probe size: the probe batch needs 64 tokens
 H, G, K, D = 4, 2, 8, 32  # the Llama: GQA, 2 query heads per KV head

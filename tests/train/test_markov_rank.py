@@ -1,4 +1,4 @@
-"""The data's rank shows in the model: on the low-rank Markov language (train/data.py), a
+"""The data's rank shows in the model: on the low-rank Markov language (train/data/__init__.py), a
 tiny model trained on rank-4 data ends with final hidden states of lower realized rank
 than the same model trained on rank-32 data.
 
@@ -21,8 +21,8 @@ from rich.console import Console
 from budgets.metrics import rank_metrics
 from train.config import parse_experiment
 from train.data import make_splits
-from train.module import LMModule
-from train.run import train_experiment
+from train.experiment.stages import train_experiment
+from train.harness.module import LMModule
 
 STEPS = 200
 MARGIN = 1.5  # erank(r=32) - erank(r=4) was >= 3.2 on seeds 0-2; half of that, to spare

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from train.model import DecoderLM
+from train.lm.decoder import DecoderLM
 
 
 def tiny(**kw):

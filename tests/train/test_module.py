@@ -1,7 +1,7 @@
 import torch
 
 from train.config import parse_experiment
-from train.module import LMModule
+from train.harness.module import LMModule
 
 RAW = {
     "name": "t", "seed": 1,

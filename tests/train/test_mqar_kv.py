@@ -9,7 +9,7 @@ import yaml
 
 from train.config import load_experiment, parse_experiment
 from train.data import IGNORE, MQARSpec, make_mqar, make_mqar_val, make_splits
-from train.module import LMModule
+from train.harness.module import LMModule
 
 RAW = {
     "name": "t", "seed": 1,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import budgets
-from train.model import DecoderLM
+from train.lm.decoder import DecoderLM
 
 peft = pytest.importorskip("peft", reason="PEFT is not installed (pip install peft)")
 

@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from train.cli import main
-from train.config import load_experiment
-from train.pick import (
+from train.commands.pick import (
     Constraints,
     Shape,
     dominates,
@@ -24,7 +23,8 @@ from train.pick import (
     pick_document,
     size,
 )
-from train.plan import plan_document
+from train.config import load_experiment
+from train.experiment.plan import plan_document
 
 from .conftest import write_run
 

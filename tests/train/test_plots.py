@@ -1,4 +1,4 @@
-"""train/plots.py: grids of at most MAX_COLUMNS panels, one colour per variant, one legend,
+"""train/render/plots.py: grids of at most MAX_COLUMNS panels, one colour per variant, one legend,
 heads heatmaps from the report, and every figure bounded in pixels at 32 layers x 16 heads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from PIL import Image
 
-from train.plots import (
+from train.render.plots import (
     DPI,
     HEAD_CLASSES,
     MAX_COLUMNS,

@@ -1,4 +1,4 @@
-"""Sizes bounded before work starts (train/preflight.py): the memory estimate and its
+"""Sizes bounded before work starts (train/experiment/preflight.py): the memory estimate and its
 error, the bounded cost of the preflight itself, the warnings for settings that defeat
 their purpose, the floor of a matched MLP; and `blocks` surviving a preset that cannot be
 built at the sizes asked for."""
@@ -9,11 +9,10 @@ import time
 import pytest
 import torch
 
-import train.preflight as pf
+import train.experiment.preflight as pf
 from train.cli import main
 from train.config import parse_experiment
-from train.model import build_model
-from train.preflight import (
+from train.experiment.preflight import (
     PREFLIGHT_TOKENS,
     MemoryEstimate,
     bounded_config,
@@ -24,6 +23,7 @@ from train.preflight import (
     static_estimate,
     write_notes,
 )
+from train.lm.decoder import build_model
 
 TINY = {
     "name": "tiny", "seed": 0,
@@ -144,7 +144,7 @@ def test_settings_that_defeat_their_purpose_are_warned_about():
 
 
 def test_warnings_go_to_stderr_and_the_notes(tmp_path, capsys):
-    from train.run import preflight as run_preflight
+    from train.experiment.stages import preflight as run_preflight
 
     notes = run_preflight(tiny(train={"warmup_steps": 10, "max_steps": 10}))
     assert capsys.readouterr().err == ("rankzoo: warning: train.warmup_steps (10) >= "

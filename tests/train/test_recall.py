@@ -2,7 +2,7 @@
 
 import pytest
 
-from train.recall import recall_figure, recall_markdown, recall_table, recall_view, spearman
+from train.render.recall import recall_figure, recall_markdown, recall_table, recall_view, spearman
 
 
 def variant(name: str, carried: list[float], accuracy: dict[int, float], cache: int = 100,

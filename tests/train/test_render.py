@@ -1,4 +1,4 @@
-"""train/render.py on reports built by hand in the JSON of issue 12 (and without its keys, as
+"""train/render/__init__.py on reports built by hand in the JSON of issue 12 (and without its keys, as
 older report.json files are): status first, the budget by part, labelled totals, heads,
 the residual stream, advice with its conditions, the HF sections, 80 columns."""
 

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from train.config import parse_experiment
-from train.run import train_experiment
+from train.experiment.stages import train_experiment
 
 QUIET = Console(quiet=True)
 RAW = {

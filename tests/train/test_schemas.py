@@ -14,8 +14,8 @@ import yaml
 from budgets.schema import Int, ListOf, Maybe, Number, Record, check, read_json, read_text
 from train.cli import main
 from train.config import load_experiment
-from train.hf_io import adapter_dir, model_type_of
-from train.io import read_yaml
+from train.hf import adapter_dir, model_type_of
+from train.rundir.files import read_yaml
 
 from .conftest import write_run as write_run_dir
 

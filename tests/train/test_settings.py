@@ -14,13 +14,13 @@ import torch
 import yaml
 from rich.console import Console
 
-import train.devices as devices
-import train.module as module_py
+import train.harness.devices as devices
+import train.harness.module as module_py
 from train.cli import main
 from train.config import TrainConfig, parse_experiment
 from train.config.sections import ACCELERATORS, PRECISIONS, STRATEGIES, device_request
-from train.run import train_experiment
-from train.status import read_status
+from train.experiment.stages import train_experiment
+from train.rundir.status import read_status
 
 from .conftest import tiny_markov
 
@@ -164,7 +164,7 @@ def test_the_finetune_stage_settings_are_checked_too(tmp_path):
 
 
 def test_lightning_refusals_are_named_before_anything_is_written(monkeypatch, tmp_path):
-    from train.fit import check_trainer
+    from train.harness.fit import check_trainer
 
     with pytest.raises(ValueError) as e:
         check_trainer(TrainConfig(devices=-1))

@@ -12,14 +12,14 @@ import pytest
 import yaml
 from rich.console import Console
 
-import train.module as module_py
-import train.status as status_py
+import train.harness.module as module_py
+import train.rundir.status as status_py
 from train.cli import main
 from train.config import parse_experiment
-from train.module import NonFiniteLoss
-from train.results import load_run
-from train.run import train_experiment
-from train.status import STATUS_FILE, describe_status, read_status, write_status
+from train.experiment.stages import train_experiment
+from train.harness.module import NonFiniteLoss
+from train.rundir.read import load_run
+from train.rundir.status import STATUS_FILE, describe_status, read_status, write_status
 
 from .conftest import tiny_markov
 
@@ -88,7 +88,7 @@ def test_a_run_records_running_then_finished(tmp_path, monkeypatch):
         seen.append((state, step))
         return write(run_dir, state, step, **extra)
 
-    monkeypatch.setattr("train.fit.write_status", spy)
+    monkeypatch.setattr("train.harness.fit.write_status", spy)
     train_experiment(parse_experiment(TINY), tmp_path, console=QUIET)
     assert seen == [("running", 0), ("running", 2), ("running", 4), ("running", 6),
                     ("finished", 6)]

@@ -13,7 +13,7 @@ import torch
 import yaml
 from rich.console import Console
 
-import train.module as module_py
+import train.harness.module as module_py
 from train.cli import main
 from train.config import parse_experiment
 from train.data import (
@@ -26,10 +26,16 @@ from train.data import (
     markov_transitions,
     stationary_distribution,
 )
-from train.module import NonFiniteLoss
-from train.results import DIVERGED_FILE, finished_entry, load_run, rank_records
-from train.run import train_experiment
-from train.status import STATUS_FILE, LearnedMargins, judge_learned, learned_threshold, run_status
+from train.experiment.stages import train_experiment
+from train.harness.module import NonFiniteLoss
+from train.rundir.read import DIVERGED_FILE, finished_entry, load_run, rank_records
+from train.rundir.status import (
+    STATUS_FILE,
+    LearnedMargins,
+    judge_learned,
+    learned_threshold,
+    run_status,
+)
 
 from .conftest import tiny_markov, write_run
 
@@ -308,7 +314,7 @@ def test_a_run_stopped_after_its_final_validation_resumes_without_a_second_point
     exp = parse_experiment(raw)
     train_experiment(exp, tmp_path / "whole", console=QUIET)
 
-    import train.fit as fit_py
+    import train.harness.fit as fit_py
 
     def stop(*args, **kwargs):
         raise RuntimeError("stopped before the report")

@@ -7,7 +7,7 @@ import pytest
 
 from train.cli import main
 from train.config import parse_experiment
-from train.sweep import best_runs, summarize, sweep_markdown, sweep_table
+from train.experiment.sweep import best_runs, summarize, sweep_markdown, sweep_table
 
 
 def raw_experiment(**sweep):

@@ -9,7 +9,7 @@
       train: {max_steps: 200, lr: 1.0e-2}        # overrides of the experiment's train
 
 The section alone is checked here; train/config/parse.py checks it against the experiment
-(variants, vocabulary, targets), and train/finetune.py runs the stage.
+(variants, vocabulary, targets), and train/experiment/finetune.py runs the stage.
 """
 
 from __future__ import annotations

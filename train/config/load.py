@@ -12,7 +12,7 @@ import yaml
 from budgets.schema import read_text
 from zoo.config import require
 
-from ..io import parse_yaml, yaml_problem
+from ..rundir.files import parse_yaml, yaml_problem
 from .experiment import Experiment
 from .parse import parse_experiment
 

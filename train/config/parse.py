@@ -16,7 +16,7 @@ from typing import Any
 import zoo
 from zoo.config import require, unknown_key_error
 
-from ..plan import matched_states, matched_widths
+from ..experiment.plan import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
 from .finetune import FINETUNE_KEYS, FinetuneConfig, lora_name
 from .sections import DataConfig, TrainConfig, check_data_keys, parse_section

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from zoo.config import StrictConfig, require, unknown_key_error
 
 from ..data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
-from ..model import NORMS
+from ..lm.decoder import NORMS
 
 OPTIMIZERS = ("adamw", "muon", "lion")
 
@@ -126,7 +126,7 @@ def check_data_keys(raw: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class MatchConfig(StrictConfig):
     """Matching against the first (reference) variant, each within `tolerance`:
-    state: size each variant's state knob (train/plan.py STATE_KNOBS: n_kv_heads, window,
+    state: size each variant's state knob (train/experiment/plan.py STATE_KNOBS: n_kv_heads, window,
     feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements per sequence at
     data.seq_len match; the matched value overrides one written in the variant.
     params: then size each variant's MLP so its total parameter count matches."""
@@ -235,7 +235,7 @@ class TrainConfig(StrictConfig):
 
     def _check_trainer_settings(self) -> None:
         """The settings passed to Lightning's Trainer, against the values it accepts (this
-        machine is checked by train/devices.py: a config stays loadable elsewhere)."""
+        machine is checked by train/harness/devices.py: a config stays loadable elsewhere)."""
         for name, allowed in (("accelerator", ACCELERATORS), ("precision", PRECISIONS),
                               ("strategy", STRATEGIES)):
             value = getattr(self, name)

@@ -3,7 +3,7 @@
     sweep: {optimizer: [adamw, muon], lr: [1.0e-3, 3.0e-3], seed: [0, 1], select: val/loss}
 
 Each grid point of each variant is a run of its own, named by `run_name`
-(mha_muon_lr0.003_s1); the selection of the best lr is train/sweep.py's.
+(mha_muon_lr0.003_s1); the selection of the best lr is train/experiment/sweep.py's.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..lora import target_matches
-from ..model import build_model
+from ..lm.decoder import build_model
+from ..lm.lora import target_matches
 from .experiment import Experiment
 
 

@@ -5,10 +5,10 @@ another, then its fine-tune stage, and write the run directory.
     runs/<experiment>/<variant>/       config.yaml, checkpoints/last.ckpt, ranks.jsonl,
                                        report.json, TensorBoard event files, hparams.yaml
     runs/<experiment>/report.md        the side-by-side rank-budget report
-    runs/<experiment>/sweep.json       a sweep's summary (train/sweep.py)
-    runs/<experiment>/finetune.json    the fine-tune stage's summary (train/finetune.py)
+    runs/<experiment>/sweep.json       a sweep's summary (train/experiment/sweep.py)
+    runs/<experiment>/finetune.json    the fine-tune stage's summary (train/experiment/finetune.py)
 
-Every run goes through train/fit.py's fit_run; this module decides which runs, in which
+Every run goes through train/harness/fit.py's fit_run; this module decides which runs, in which
 order, and what a resume may continue.
 """
 
@@ -24,16 +24,16 @@ from rich.console import Console
 
 import budgets
 
-from .config import Experiment, parse_experiment
-from .devices import check_experiment
+from ..config import Experiment, parse_experiment
+from ..harness.devices import check_experiment
+from ..harness.fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightning
+from ..harness.module import NonFiniteLoss
+from ..rundir.files import read_yaml, write_yaml
+from ..rundir.read import DIVERGED_FILE, EXPERIMENT_FILE, report_markdown
+from ..rundir.status import STATUS_FILE, read_status
 from .finetune import finetune_experiment
-from .fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightning
-from .io import read_yaml, write_yaml
-from .module import NonFiniteLoss
 from .preflight import preflight as sizes_preflight
 from .preflight import write_notes
-from .results import DIVERGED_FILE, EXPERIMENT_FILE, report_markdown
-from .status import STATUS_FILE, read_status
 from .sweep import best_runs, summarize, sweep_markdown, write_summary
 
 __all__ = ["prepare_run_dir", "train_experiment", "train_variant"]
@@ -160,8 +160,8 @@ def write_reports(exp: Experiment, exp_dir: Path, entries: dict[str, dict],
 def preflight(exp: Experiment) -> list[str]:
     """Before the run directory is touched: every variant's memory estimate against what
     is available, its kernel backends on a few tokens, a text corpus read once
-    (train/preflight.py). Its warnings go to stderr and are returned for the run's notes
-    (train.preflight.write_notes)."""
+    (train/experiment/preflight.py). Its warnings go to stderr and are returned for the run's notes
+    (train.experiment.preflight.write_notes)."""
     notes = sizes_preflight(exp)
     for note in notes:
         print(f"rankzoo: warning: {note}", file=sys.stderr)

@@ -114,7 +114,7 @@ class MQARSpec(StrictConfig):
         return len(pairs) / sum(pairs)
 
     def baseline(self, seed: int) -> dict:
-        """What a model that learned nothing reaches (train/status.py judges against it)."""
+        """What a model that learned nothing reaches (train/rundir/status.py judges against it)."""
         return {"task": "mqar", "chance_accuracy": self.guess_plateau,
                 "entropy_floor": None, "unigram_loss": None}
 
@@ -256,7 +256,7 @@ class EpochBatches(Sampler[list[int]]):
     step: a resumed run calls start_at(global_step) and continues mid-epoch with the batch
     the interrupted run would have drawn next. Under DDP each rank takes its share,
     perm[rank::world], of every epoch's permutation (Lightning's distributed sampler is
-    turned off in train/fit.py: it cannot start mid-epoch)."""
+    turned off in train/harness/fit.py: it cannot start mid-epoch)."""
 
     def __init__(self, size: int, batch_size: int, seed: int, drop_last: bool = True):
         positive_int("EpochBatches", size=size, batch_size=batch_size)

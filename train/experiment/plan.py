@@ -25,7 +25,7 @@ from rich.table import Table
 
 import zoo
 
-from .model import DecoderLM
+from ..lm.decoder import DecoderLM
 
 
 def count_params(vocab_size: int, d_model: int, n_layers: int, block: str,

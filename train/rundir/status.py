@@ -2,7 +2,7 @@
 
     {"state": "running", "step": 200, "pid": 4242, "host": "box", "started": ..., ...}
 
-The fit writes it (train/fit.py): `running` when it starts and at each checkpoint (step:
+The fit writes it (train/harness/fit.py): `running` when it starts and at each checkpoint (step:
 the checkpoint's, the step a resume continues from), then `finished` at its last step,
 `diverged` at the step whose loss or update was not finite, or `stopped` at the step an
 error or an interrupt ended it (with the reason). Each write goes to a temporary file
@@ -138,7 +138,7 @@ REPORT_STATES = ("finished", "stopped", "diverged")  # a report entry's status["
 @dataclass(frozen=True)
 class LearnedMargins:
     """When a run counts as having learned something: its validation figure must beat the
-    task's baseline (train/data.py, the specs' `baseline`) by a fraction of the distance
+    task's baseline (train/data/__init__.py, the specs' `baseline`) by a fraction of the distance
     from that baseline to a perfect model, so the margin scales with the task.
 
     MQAR: val/accuracy > plateau + mqar_fraction x (1 - plateau). The plateau, 1/n, is a

@@ -10,7 +10,7 @@ gives its layer the parameters of a multi-head softmax layer with a 4 x d_model 
 and the FLOPs of one token, averaged over seq_len (prefill) and the seq_len-th (decode).
 The knobs a preset sets are spelled out per family (`K=16, F=153`) and explained in the
 legend. A preset that cannot be built at the sizes asked gets a row saying why. The cost
-figures and the knobs' meaning are train/pick.py's, which sizes the same knobs to a budget.
+figures and the knobs' meaning are train/commands/pick/__init__.py's, which sizes the same knobs to a budget.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from rich.table import Table
 
 import zoo
 
+from ..experiment.plan import default_d_mlp
 from .pick import (
     DTYPE_BYTES,
     MLP_RATIO,
@@ -34,7 +35,6 @@ from .pick import (
     matched_width,
     reference_layer,
 )
-from .plan import default_d_mlp
 
 BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
 

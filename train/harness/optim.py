@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .model import DecoderLM
+from ..lm.decoder import DecoderLM
 
 
 class Combined(torch.optim.Optimizer):

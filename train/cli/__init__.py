@@ -21,13 +21,13 @@ from rich.console import Console
 
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
-from . import pick
-from .blocks import blocks_document, blocks_tables
-from .config import load_experiment
-from .devices import check_experiment
-from .plan import plan_document, plan_table
-from .results import load_run
-from .sweep import run_summary, summarize
+from ..commands import pick
+from ..commands.blocks import blocks_document, blocks_tables
+from ..config import load_experiment
+from ..experiment.plan import plan_document, plan_table
+from ..experiment.sweep import run_summary, summarize
+from ..harness.devices import check_experiment
+from ..rundir.read import load_run
 
 # a path the user named that cannot serve (unreadable, a directory, not writable) is bad
 # input too: one line, exit code 2
@@ -332,8 +332,8 @@ def cmd_train(args, out: Console) -> int:
     if args.dry_run:
         return _dry_run(exp, args.format, out)
     # Lightning, imported here only: `blocks`, `report` and a dry run start without it
-    from .module import NonFiniteLoss
-    from .run import train_experiment
+    from ..experiment.stages import train_experiment
+    from ..harness.module import NonFiniteLoss
 
     try:
         report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
@@ -354,10 +354,10 @@ def _print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     tables (the sweep's after the variants'; then the advice, if asked)."""
     import budgets
 
-    from .recall import recall_table, recall_view
-    from .render import render_advice, render_table
-    from .results import report_markdown, summary_table
-    from .sweep import sweep_markdown, sweep_table
+    from ..experiment.sweep import sweep_markdown, sweep_table
+    from ..render import render_advice, render_table
+    from ..render.recall import recall_table, recall_view
+    from ..rundir.read import report_markdown, summary_table
 
     view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
     if fmt == "json":
@@ -406,10 +406,10 @@ def _report_hf(args, out: Console) -> int:
     import budgets
     from budgets.hf import build_hf_report
 
-    from .render import hf_report_markdown, render_advice, render_hf_table, render_table
+    from ..render import hf_report_markdown, render_advice, render_hf_table, render_table
 
     if args.plot:
-        from .plots import prepare_dir
+        from ..render.plots import prepare_dir
 
         prepare_dir(args.plot)  # refuse a non-empty --plot DIR before the slow part
     name, entry = _probe_hf(args)
@@ -437,7 +437,7 @@ HF_PARAM = re.compile(r"\b(" + "|".join(HF_FLAGS) + r")=")
 def _probe_hf(args) -> tuple[str, dict]:
     """hf_io.probe_hf on the flags, its progress on stderr; its notes on stderr (even when
     it fails after them), its errors with `param=value` put as `--flag value`."""
-    from .hf_io import probe_hf
+    from ..hf import probe_hf
 
     notes: list[str] = []
     options = {dest: getattr(args, dest) for dest in HF_PROBE_OPTIONS if hasattr(args, dest)}
@@ -471,7 +471,7 @@ def _show_progress(p) -> None:
 
 
 def _plot_hf(name: str, entry: dict, report: dict, out_dir: str) -> None:
-    from .plots import write_probe_plots
+    from ..render.plots import write_probe_plots
 
     written, notes = write_probe_plots(name, entry, report, out_dir)
     for note in notes:  # stderr: stdout stays one JSON document with --format json
@@ -480,7 +480,7 @@ def _plot_hf(name: str, entry: dict, report: dict, out_dir: str) -> None:
 
 
 def _plot(run_dir: str, report: dict, out_dir: str) -> None:
-    from .plots import write_plots
+    from ..render.plots import write_plots
 
     written, notes = write_plots(run_dir, report, out_dir)
     for note in notes:  # stderr: stdout stays one JSON document with --format json
@@ -490,7 +490,7 @@ def _plot(run_dir: str, report: dict, out_dir: str) -> None:
 
 # ---------------------------------------------------------------- compress
 
-# train/compress.py's errors name its parameters; the user of `compress` typed these flags
+# train/commands/compress/__init__.py's errors name its parameters; the user of `compress` typed these flags
 COMPRESS_FLAGS = {"model_dir": "--hf", "eval_text": "--eval-text", "text": "--text",
                   "seq_len": "--seq-len", "calib_size": "--calib-size",
                   "eval_size": "--eval-size", "batch_size": "--batch-size",
@@ -510,7 +510,7 @@ def _numbers(text: str, flag: str) -> tuple[float, ...]:
 
 def _compress_options(args):
     """CompressOptions from the flags; a bad combination is one ValueError line."""
-    from .compress import CompressOptions, cache_dtype
+    from ..commands.compress import CompressOptions, cache_dtype
 
     if (args.run_dir is None) == (args.hf is None):
         raise ValueError("compress needs exactly one of RUN_DIR or --hf PATH"
@@ -545,13 +545,13 @@ def _compress_options(args):
 def cmd_compress(args, out: Console) -> int:
     """The compress table (or Markdown, or one JSON document); --plot and --save write
     only into new or empty directories; exit code 1 when --save found nothing to save."""
-    from .compress import compress_hf, compress_markdown, compress_run, compress_table
+    from ..commands.compress import compress_hf, compress_markdown, compress_run, compress_table
 
     notes: list[str] = []
     try:
         options = _compress_options(args)
         if args.plot:
-            from .plots import prepare_dir
+            from ..render.plots import prepare_dir
 
             prepare_dir(args.plot)  # refuse a non-empty --plot DIR before the slow part
         progress = _compress_progress()
@@ -571,7 +571,7 @@ def cmd_compress(args, out: Console) -> int:
     doc["notes"] = [COMPRESS_PARAM.sub(lambda m: COMPRESS_FLAGS[m[1]] + " ", n)
                     for n in doc["notes"]]  # as the user typed them, in md and json too
     if args.plot:
-        from .compress import write_plot
+        from ..commands.compress import write_plot
 
         print(f"rankzoo: wrote {write_plot(doc, args.plot)}", file=sys.stderr)
     if args.format == "json":

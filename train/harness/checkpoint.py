@@ -8,10 +8,10 @@ streams, and run files holding only what the uninterrupted run would. So:
   (TensorBoard flushed; at a step that validates, after the validation), through a
   temporary file and os.replace, so a kill mid-write leaves the previous checkpoint. It
   stores the RNG states and the step's metrics beside Lightning's state, and on loading
-  moves the train sampler (train/data.py EpochBatches) to step k and restores the RNG.
+  moves the train sampler (train/data/__init__.py EpochBatches) to step k and restores the RNG.
 - TrainScalars logs the train/* scalars (the module logs them with logger=False)
   before the checkpoint: Lightning would log them after its checkpoint callbacks ran.
-- On resume, train/fit.py drops what the killed process wrote after the checkpoint:
+- On resume, train/harness/fit.py drops what the killed process wrote after the checkpoint:
   TensorBoard points at steps > k (SummaryWriter's purge_step), ranks.jsonl records at
   steps > k (drop_records_from). Everything of step k was written before its checkpoint,
   so it stays, and the resumed fit goes on from step k + 1.
@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
-from .data import EpochBatches
+from ..data import EpochBatches
 
 STATE_KEY = "rankzoo"  # the checkpoint entry with the RNG states and the step's metrics
 
@@ -67,7 +67,7 @@ class StepCheckpoint(Callback):
             self.save(trainer)
 
     def due(self, trainer, step: int) -> bool:
-        # the last step's checkpoint is train/fit.py's, after the final measurement and
+        # the last step's checkpoint is train/harness/fit.py's, after the final measurement and
         # validation: then nothing is logged at a step after its checkpoint
         return step % self.every_n_steps == 0 and step != trainer.max_steps
 

@@ -52,9 +52,9 @@ import budgets
 from budgets.matfree import K_MAX
 from zoo.ops.registry import BackendUnavailable
 
-from .config import Experiment
-from .data import make_splits
-from .model import build_model
+from ..config import Experiment
+from ..data import make_splits
+from ..lm.decoder import build_model
 from .plan import count_params, default_d_mlp
 
 NOTES_FILE = "notes.txt"  # runs/<experiment>/notes.txt: the warnings of the run's preflight

@@ -15,7 +15,7 @@ Sparse metrics go through `logger.log_metrics(..., step=global_step)`, never
 `pl_module.log`, which would re-emit stale values at every logging flush. A step already
 recorded in `ranks.jsonl` is never measured again, so a resumed run continues the file
 without duplicates (a resume first drops the records after its checkpoint's step,
-train/checkpoint.py; on_train_start measures the checkpoint's step if its record is gone).
+train/harness/checkpoint.py; on_train_start measures the checkpoint's step if its record is gone).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class RankMonitor(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # A resumed fit starts at its checkpoint's step k, whose record was written before
-        # the checkpoint (train/fit.py keeps it): measure it only if it is missing.
+        # the checkpoint (train/harness/fit.py keeps it): measure it only if it is missing.
         step = trainer.global_step
         if step > 0 and step % self.every_n_steps == 0:
             self.measure(trainer, pl_module)

@@ -1,6 +1,6 @@
 """Benchmarks of the training harness: figures measured in one run, as ratios.
 
-    python -m train.bench monitor [--config configs/quick.yaml] [--variant mha] [--steps N]
+    python -m train.harness.bench_monitor monitor [--config configs/quick.yaml] [--variant mha] [--steps N]
 
 `monitor` trains one variant of the config twice in this process, with the same seed,
 data and data order: once without the RankMonitor and once with it at the config's
@@ -27,8 +27,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 from rich.table import Table
 
+from ..config import Experiment, load_experiment
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
-from .config import Experiment, load_experiment
 from .fit import quiet_lightning, seeded_data
 from .module import LMModule
 
@@ -122,7 +122,7 @@ def bench_monitor(args: argparse.Namespace, console: Console) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m train.harness.bench_monitor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
     monitor = sub.add_parser("monitor", help="RankMonitor overhead on one variant's training")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench_monitor(args, console)
     except (ValueError, FileNotFoundError) as e:
-        print(f"python -m train.bench: error: {e}", file=sys.stderr)
+        print(f"python -m train.harness.bench_monitor: error: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -9,8 +9,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE, accuracy, accuracy_by_kv_pairs
-from .model import build_model
+from ..data import IGNORE, accuracy, accuracy_by_kv_pairs
+from ..lm.decoder import build_model
 from .optim import build_optimizer
 
 
@@ -50,7 +50,7 @@ class LMModule(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
         self._check_finite(loss)
-        # logger=False: train/checkpoint.py's TrainScalars writes them to TensorBoard, before
+        # logger=False: train/harness/checkpoint.py's TrainScalars writes them to TensorBoard, before
         # the step's checkpoint (Lightning would write them after it)
         self.log("train/loss", loss, prog_bar=True, logger=False)
         aux = self._aux_loss()
@@ -83,7 +83,7 @@ class LMModule(L.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         loss, logits = self._loss(batch)
         acc, count = accuracy(logits, batch[1])
-        # sync_dist: under DDP every rank validates the whole split (train/fit.py turns
+        # sync_dist: under DDP every rank validates the whole split (train/harness/fit.py turns
         # Lightning's distributed sampler off), so the mean over ranks is its figure
         self.log("val/loss", loss, prog_bar=True, batch_size=batch[0].shape[0], sync_dist=True)
         # weighted by the number of query positions, so the epoch value is exact

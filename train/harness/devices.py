@@ -5,7 +5,7 @@ precision, strategy and num_nodes are values Lightning accepts; a config that na
 stays loadable on a laptop (`rankzoo report` reads it back). Whether this machine can
 run them is checked here, by `rankzoo train` and its --dry-run, with torch alone (Lightning
 is slow to import): each failure is one line naming the setting, its value and what this
-machine has. train/fit.py's check_trainer then builds a Trainer from the settings, so that
+machine has. train/harness/fit.py's check_trainer then builds a Trainer from the settings, so that
 anything Lightning refuses is refused before the run directory is touched too.
 """
 
@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from .config import Experiment, TrainConfig
-from .config.sections import device_request
+from ..config import Experiment, TrainConfig
+from ..config.sections import device_request
 
 # Environment variables by which a launcher (SLURM, torchrun, LSF, MPI, or by hand) tells
 # each node of a multi-node job where the others are: without one, Lightning's node 0

@@ -4,11 +4,11 @@ LoRA fine-tune), given a small RunSpec.
     entry = fit_run(RunSpec(name, exp, config), exp_dir, resume, console)
 
 writes runs/<experiment>/<name>/: config.yaml, checkpoints/last.ckpt, ranks.jsonl,
-report.json, status.json (train/status.py), TensorBoard event files. Lightning supplies
+report.json, status.json (train/rundir/status.py), TensorBoard event files. Lightning supplies
 the loop, devices, precision and the progress bar; this module wires the pieces
 together. Every run starts from its config's seed, sees the same data in the same order
 and runs the train section's max_steps. A resume continues from last.ckpt exactly where
-the interrupted run was (train/checkpoint.py: data position, RNG, dropped run files).
+the interrupted run was (train/harness/checkpoint.py: data position, RNG, dropped run files).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from torch.utils.data import DataLoader
 
 import budgets
 
+from ..config import Experiment, TrainConfig
+from ..data import EpochBatches, make_loaders
+from ..rundir.files import write_yaml
+from ..rundir.read import finished_entry, finite_metrics, last_record
+from ..rundir.status import read_status, run_status, status_line, write_status
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
 from .checkpoint import StepCheckpoint, TrainScalars, checkpoint_step, drop_records_from
-from .config import Experiment, TrainConfig
-from .data import EpochBatches, make_loaders
-from .io import write_yaml
 from .module import LMModule, NonFiniteLoss
-from .results import finished_entry, finite_metrics, last_record
-from .status import read_status, run_status, status_line, write_status
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
     the points that the interrupted run logged from it on. `batches`, the train loader's
     sampler, is moved to the checkpoint's step when Lightning loads it. Every TensorBoard
     point of step k sits at k, as the console shows it: train and validation scalars
-    (train/checkpoint.py TrainScalars), rank scalars and histograms (RankMonitor)."""
+    (train/harness/checkpoint.py TrainScalars), rank scalars and histograms (RankMonitor)."""
     t, m, vdir = exp.train, exp.monitor, exp_dir / name
     monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=vdir / "ranks.jsonl",
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
@@ -304,7 +304,7 @@ def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
                      final: dict[str, float], seconds: float, seed: int) -> dict:
     """report.json from the last rank record and the final metrics; returns the entry,
     with the run's status: finished, and whether it learned against the baseline of its
-    task drawn from `seed` (train/status.py run_status)."""
+    task drawn from `seed` (train/rundir/status.py run_status)."""
     record = last_record(vdir / "ranks.jsonl")
     # the per-count accuracies (val/accuracy/kv<n>) feed the recall-vs-capacity view
     metrics = finite_metrics({k: v for k, v in final.items()

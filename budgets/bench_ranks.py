@@ -1,7 +1,7 @@
 """Benchmarks of rank measurement: figures as ratios measured in one run, printed.
 
-    python -m budgets.bench                 # every section below, in one run
-    python -m budgets.bench engine matfree  # some of them
+    python -m budgets.bench_ranks                 # every section below, in one run
+    python -m budgets.bench_ranks engine matfree  # some of them
 
   engine   the spectra engine (auto method) vs what every matrix took before it (one plain
            torch.linalg.svdvals call per batch, in the input's dtype), on one synthetic
@@ -126,7 +126,7 @@ def scale_child(T: int) -> dict:
 def bench_scale(lengths=(8192, 32768)) -> list[dict]:
     rows = []
     for T in lengths:
-        out = subprocess.run([sys.executable, "-m", "budgets.bench", "--child", str(T)],
+        out = subprocess.run([sys.executable, "-m", "budgets.bench_ranks", "--child", str(T)],
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout))
     return rows
@@ -160,7 +160,7 @@ RUNNERS = {"engine": bench_engine, "matfree": bench_matfree, "scale": bench_scal
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m budgets.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m budgets.bench_ranks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sections", nargs="*", help=f"any of {', '.join(SECTIONS)} (default: all)")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)

@@ -18,10 +18,10 @@ import budgets
 from budgets.report import RANK_RECORD
 from budgets.schema import check, read_text
 
-from .config.sections import DataConfig, parse_section
-from .io import read_yaml
-from .recall import recall_markdown, recall_view
-from .render import to_markdown
+from ..config.sections import DataConfig, parse_section
+from ..render import to_markdown
+from ..render.recall import recall_markdown, recall_view
+from .files import read_yaml
 from .status import describe_status, read_status, run_status, status_notes
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
@@ -87,7 +87,7 @@ def run_config(vdir: Path) -> dict[str, Any]:
 
 
 def config_baseline(config: dict[str, Any]) -> dict | None:
-    """The task baseline (train/data.py, the specs' `baseline`) of a resolved run config:
+    """The task baseline (train/data/__init__.py, the specs' `baseline`) of a resolved run config:
     its data section and seed, as config.yaml records them; None when they are missing or
     no longer parse."""
     data, seed = config.get("data"), config.get("seed")

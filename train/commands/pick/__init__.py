@@ -21,7 +21,7 @@ elements and the FLOPs per token; pick multiplies by the layers and the dtype's 
 nothing else. One decode step is the cost of the seq_len-th token,
 T * flops(T) - (T - 1) * flops(T - 1) from the budget's average FLOPs per token (exact up to
 the budget's integer rounding, under T FLOPs). Parameters are matched the way
-`match: {params: true}` matches them (train/plan.py): the MLP width that gives a layer the
+`match: {params: true}` matches them (train/experiment/plan.py): the MLP width that gives a layer the
 parameters of a multi-head softmax layer with a 4 x d_model MLP.
 
 `--emit pick.yaml` writes the shortlist (the front, or every candidate) as an experiment
@@ -48,11 +48,11 @@ import zoo
 from budgets import RankBudget
 from budgets.verdicts import DTYPE_BYTES as VERDICT_DTYPE_BYTES
 
-from .config import parse_experiment
-from .io import read_yaml
-from .model import Layer
-from .plan import STATE_KNOBS, accepted, default_d_mlp, match_d_mlp, mlp_floor
-from .results import has_results, is_variant_dir, variant_dirs, variant_report
+from ...config import parse_experiment
+from ...experiment.plan import STATE_KNOBS, accepted, default_d_mlp, match_d_mlp, mlp_floor
+from ...lm.decoder import Layer
+from ...rundir.files import read_yaml
+from ...rundir.read import has_results, is_variant_dir, variant_dirs, variant_report
 
 # ---------------------------------------------------------------- units
 
@@ -264,7 +264,7 @@ def shapes(d_model: int, n_heads: int) -> list[Shape]:
 def knob_values(shape: Shape, kwargs: dict[str, Any], d_model: int,
                 seq_len: int) -> Sequence[int]:
     """The values pick tries, ascending; the cache never shrinks along them. The state
-    knobs are match.state's (train/plan.py STATE_KNOBS); MoE's k runs over its E heads."""
+    knobs are match.state's (train/experiment/plan.py STATE_KNOBS); MoE's k runs over its E heads."""
     if shape.knob == "top_k":
         return range(1, kwargs["n_heads"] + 1)
     knob, values = STATE_KNOBS[shape.block]
@@ -324,7 +324,7 @@ def reference_layer(d_model: int, n_heads: int, seq_len: int) -> int:
 def matched_width(cost: Cost, d_model: int, n_layers: int, ref_layer: int | None,
                   label: str) -> tuple[int | None, str | None]:
     """(d_mlp, None): the MLP width that gives this setting's layers the reference's
-    parameters within 5% (train/plan.py match_d_mlp); (None, why) when none does."""
+    parameters within 5% (train/experiment/plan.py match_d_mlp); (None, why) when none does."""
     if ref_layer is None:
         return None, "no reference: multi-head softmax attention cannot be built here"
     L = n_layers

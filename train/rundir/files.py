@@ -16,8 +16,8 @@ import yaml
 
 from budgets.schema import ANY, Int, MapOf, Maybe, Number, Record, check, read_text
 
-# What the readers of a run directory take from its YAML files (train/results.py,
-# train/run.py, train/finetune.py, train/sweep.py); everything else is compared or parsed
+# What the readers of a run directory take from its YAML files (train/rundir/read.py,
+# train/experiment/stages.py, train/experiment/finetune.py, train/experiment/sweep.py); everything else is compared or parsed
 # by the experiment parser, which names its own errors.
 SECTION = Maybe(dict)
 EXPERIMENT_YAML = Record({}, {"variants": Maybe(MapOf(ANY)),
@@ -30,7 +30,7 @@ VARIANT_YAML = Record({}, {"experiment": str, "variant": str, "params": Int(0),
                            "finetune": FINETUNE_RECORD,
                            **dict.fromkeys(("data", "model", "block", "train", "monitor",
                                             "match"), SECTION)})
-# by file name: the run directory's files have fixed names (train/results.py)
+# by file name: the run directory's files have fixed names (train/rundir/read.py)
 RUN_YAML = {"experiment.yaml": EXPERIMENT_YAML, "config.yaml": VARIANT_YAML}
 MAPPING = Maybe(dict)
 

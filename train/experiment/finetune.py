@@ -3,7 +3,7 @@
 The `finetune` section (train/config/finetune.py) names the variants, the ranks r, the
 targets and the second task. After the variants train, each base checkpoint
 runs/<exp>/<variant>/checkpoints/last.ckpt is loaded, adapters are attached
-(train/lora.py) and only they train, on the new task, through train/fit.py's fit_run.
+(train/lm/lora.py) and only they train, on the new task, through train/harness/fit.py's fit_run.
 Each fine-tune is a variant-like directory runs/<exp>/<variant>.lora-r<r>/ (config.yaml,
 checkpoints/, ranks.jsonl with the adapter axis, report.json), so `rankzoo report` shows it
 beside the pretrained variants. runs/<exp>/finetune.json sums the sweep up per variant:
@@ -24,13 +24,13 @@ from rich.table import Table
 
 import budgets
 
-from .config import Experiment, lora_name, variant_targets
-from .data import IGNORE, accuracy
-from .fit import RunSpec, fit_run, is_global_zero
-from .io import read_yaml, write_json
-from .lora import attach_lora
-from .module import LMModule
-from .results import finite_metrics, last_record
+from ..config import Experiment, lora_name, variant_targets
+from ..data import IGNORE, accuracy
+from ..harness.fit import RunSpec, fit_run, is_global_zero
+from ..harness.module import LMModule
+from ..lm.lora import attach_lora
+from ..rundir.files import read_yaml, write_json
+from ..rundir.read import finite_metrics, last_record
 
 SUMMARY_FILE = "finetune.json"
 __all__ = ["SUMMARY_FILE", "finetune_experiment", "finetune_variant", "lora_name",

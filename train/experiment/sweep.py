@@ -19,9 +19,9 @@ from typing import Any
 
 from rich.table import Table
 
-from .config import SELECT_MODES, Experiment, parse_experiment
-from .io import read_yaml, write_json
-from .results import EXPERIMENT_FILE
+from ..config import SELECT_MODES, Experiment, parse_experiment
+from ..rundir.files import read_yaml, write_json
+from ..rundir.read import EXPERIMENT_FILE
 
 SWEEP_FILE = "sweep.json"
 __all__ = ["best_runs", "run_summary", "summarize", "sweep_markdown", "sweep_table",

@@ -5,7 +5,7 @@
 
 The report (budgets/verdicts.py) advises a low-rank KV cache from ranks it measured per
 sequence. This module checks that advice with a number: it fits a basis per layer and KV
-head on calibration activations (budgets/compress.py), evaluates the model with every
+head on calibration activations (budgets/lowrank.py), evaluates the model with every
 cached matrix projected onto its top r directions, exactly what a cache of r-dimensional
 codes would give back, on data the bases were not fitted on, and states the loss change
 at each cache size:
@@ -13,7 +13,7 @@ at each cache size:
   zoo run        RUN_DIR/<variant>: config.yaml and checkpoints/last.ckpt; calibration on
                  the first sequences of the run's training split, evaluation on its
                  validation split (loss, accuracy), both rebuilt from config.yaml and its
-                 seed as training built them (train/data.py make_splits)
+                 seed as training built them (train/data/__init__.py make_splits)
   Hugging Face   --hf DIR --text CALIB --eval-text EVAL: calibration on the start of CALIB,
                  evaluation on EVAL (loss, perplexity); the same file for both is read
                  after the calibration tokens
@@ -51,7 +51,9 @@ from rich import box
 from rich.table import Table
 from torch import nn
 
-from budgets.compress import (
+from budgets.hf import ROPE_LAYOUTS, kv_pairs, pre_rope_module
+from budgets.hf_layouts import EXTRACTORS, KV_BIASES, Geometry, layout_of
+from budgets.lowrank import (
     Slot,
     SlotStats,
     cache_bytes,
@@ -65,13 +67,11 @@ from budgets.compress import (
     retained_energy,
     uniform_ranks,
 )
-from budgets.hf import ROPE_LAYOUTS, kv_pairs, pre_rope_module
-from budgets.hf_layouts import EXTRACTORS, KV_BIASES, Geometry, layout_of
 from budgets.verdicts import KEY_LABEL, VerdictThresholds, kv_option
 from zoo.block import split_heads
 
-from .io import write_json, write_yaml
-from .pick import DTYPE_LONG, dtype_name
+from ...rundir.files import write_json, write_yaml
+from ..pick import DTYPE_LONG, dtype_name
 
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
@@ -350,7 +350,7 @@ class ZooTarget:
     @torch.no_grad()
     def evaluate(self, tokens: torch.Tensor, labels: torch.Tensor, batch_size: int) -> dict:
         """Mean cross-entropy and accuracy over the labelled positions."""
-        from .data import IGNORE
+        from ...data import IGNORE
 
         loss, correct, count = 0.0, 0, 0
         for start in range(0, len(tokens), batch_size):
@@ -528,8 +528,8 @@ def zoo_data(config: dict, options: CompressOptions, notes: list[str]):
     """(calibration tokens [Nc, T], evaluation tokens and labels [Ne, T]) of a run: the
     first calib_size sequences of its training split and its validation split, rebuilt
     from config.yaml's data section and seed as training built them."""
-    from .config.sections import DataConfig, parse_section
-    from .data import make_splits
+    from ...config.sections import DataConfig, parse_section
+    from ...data import make_splits
 
     data = parse_section(config["data"], DataConfig, "data")
     (train_x, _), (val_x, val_y) = make_splits(data.spec(), data.train_size, data.val_size,
@@ -576,7 +576,7 @@ def hf_data(calib_data: bytes, eval_data: bytes, tokenizer, vocab: int, seq_len:
     text; the start of the evaluation text, or, when it is the same text, what follows the
     calibration tokens (overlap: its start). Evaluation sequences equal to a calibration
     sequence are left out unless overlap."""
-    from .hf_io import token_ids
+    from ...hf import token_ids
 
     calib_ids = token_ids(calib_data, tokenizer, vocab, f"text={text}", notes)
     calib = cut(calib_ids, seq_len, calib_size, "calib_size", f"text={text}")
@@ -640,7 +640,7 @@ def zoo_prediction(vdir: Path, target: ZooTarget, nbytes: int, notes: list[str])
     per KV head, rounded up; for MLA, linear attention and SSMs, which get no KV advice,
     the ranks their inference row measured), with the report's T; None when the report
     lacks the figures (said in notes)."""
-    from .results import load_run
+    from ...rundir.read import load_run
 
     try:
         report = load_run(vdir)
@@ -873,8 +873,8 @@ def check_save_dir(save: str | None, saveable: str | None = None) -> None:
 def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     """(DecoderLM with the run's last weights, its config.yaml, the checkpoint's step) of a
     variant directory (read without Lightning)."""
-    from .model import build_model
-    from .results import is_variant_dir, run_config, variant_dirs
+    from ...lm.decoder import build_model
+    from ...rundir.read import is_variant_dir, run_config, variant_dirs
 
     if not vdir.exists():
         raise FileNotFoundError(f"run directory not found: {vdir}")
@@ -970,7 +970,7 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
                 notes: list[str] | None = None,
                 progress: Callable[[str], None] | None = None) -> dict:
     """The compress document of a Hugging Face causal LM saved in model_dir."""
-    from .hf_io import device_of, dtype_of, load_model, read_text
+    from ...hf import device_of, dtype_of, load_model, read_text
 
     began = time.perf_counter()
     options = options or CompressOptions()
@@ -1018,7 +1018,7 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
 
 
 def _read_eval(eval_text) -> bytes:
-    from .hf_io import read_text
+    from ...hf import read_text
 
     try:
         return read_text(eval_text)
@@ -1177,6 +1177,6 @@ def compress_figure(doc: dict):
 
 
 def write_plot(doc: dict, out_dir) -> Path:
-    from .plots import save_figure
+    from ...render.plots import save_figure
 
     return save_figure(compress_figure(doc), Path(out_dir) / "compress.png")

@@ -30,8 +30,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
+from ..rundir.read import is_variant_dir, rank_records, variant_dirs
 from .recall import recall_figure, recall_view
-from .results import is_variant_dir, rank_records, variant_dirs
 
 SPECTRUM_QUANTITIES = ("mixing_centered", "past_future", "qk", "value", "out")
 DPI = 110
