@@ -18,13 +18,12 @@ from train.commands.pick import (
     Shape,
     dominates,
     emitted_experiment,
-    parse_bytes,
-    parse_count,
     pick_document,
     size,
 )
 from train.config import load_experiment
 from train.experiment.plan import plan_document
+from train.sizing.units import parse_bytes, parse_count
 
 from .conftest import write_run
 

@@ -28,6 +28,7 @@ from ..experiment.plan import plan_document, plan_table
 from ..experiment.sweep import run_summary, summarize
 from ..harness.devices import check_experiment
 from ..rundir.read import load_run
+from ..sizing.units import dtype_name, parse_bytes, parse_count
 
 # a path the user named that cannot serve (unreadable, a directory, not writable) is bad
 # input too: one line, exit code 2
@@ -295,12 +296,12 @@ def cmd_pick(args, out: Console) -> int:
         raise ValueError("--force only applies with --emit FILE")
     constraints = pick.Constraints(
         d_model=args.d_model, n_heads=args.n_heads, n_layers=args.n_layers,
-        seq_len=args.seq_len, cache_budget=pick.parse_bytes(args.cache_budget),
-        cache_dtype=pick.dtype_name(args.cache_dtype),
+        seq_len=args.seq_len, cache_budget=parse_bytes(args.cache_budget),
+        cache_dtype=dtype_name(args.cache_dtype),
         params_budget=(None if args.params_budget is None
-                       else pick.parse_count(args.params_budget, "--params-budget")),
+                       else parse_count(args.params_budget, "--params-budget")),
         flops_budget=(None if args.flops_budget is None
-                      else pick.parse_count(args.flops_budget, "--flops-budget")),
+                      else parse_count(args.flops_budget, "--flops-budget")),
         associations=args.associations)
     if args.emit is not None and Path(args.emit).exists() and not args.force:
         raise FileExistsError(f"--emit {args.emit}: exists; pass --force to overwrite it "

@@ -22,15 +22,12 @@ from rich.table import Table
 import zoo
 
 from ..experiment.plan import default_d_mlp
+from ..sizing.units import DTYPE_BYTES, dtype_name, format_bytes, format_count
 from .pick import (
-    DTYPE_BYTES,
     MLP_RATIO,
     block_cost,
     describe,
-    dtype_name,
     family_order,
-    format_bytes,
-    format_count,
     legend_table,
     matched_width,
     reference_layer,

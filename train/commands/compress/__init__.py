@@ -71,7 +71,7 @@ from budgets.verdicts import KEY_LABEL, VerdictThresholds, kv_option
 from zoo.block import split_heads
 
 from ...rundir.files import write_json, write_yaml
-from ..pick import DTYPE_LONG, dtype_name
+from ...sizing.units import DTYPE_LONG, dtype_name
 
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1

@@ -1,0 +1,1 @@
+"""Sizing: units, block families and their costs, and matched models."""
