@@ -8,6 +8,7 @@ way). budgets measures and returns data; loading files and rendering tables are 
 """
 
 from .adapters import adapter_ranks, lowrank_singular_values
+from .advice import annotate
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
 from .heads import head_stats
 from .matfree import AttentionMixing, FactoredMixing, operator_metrics
@@ -16,7 +17,7 @@ from .probes import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, prob
 from .report import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
 from .spectra import product_spectrum, spectrum
 from .streams import MASSIVE_RATIO, kv_head_figures, residual_figures
-from .verdicts import VERDICTS, VerdictThresholds, annotate
+from .verdicts import VERDICTS, VerdictThresholds
 
 __all__ = [
     "AXES",

@@ -3,7 +3,8 @@
     stats = head_stats(P)                       # P [B, H, T, T] -> {name: [per head]}
     stats = head_stats_operator(full, centered) # the same from a matrix-free operator
 
-Definitions (docs/METRICS.md, "Head statistics"), each per head, over the probe batch:
+Definitions (docs/METRICS.md, "Probe figures beside the ranks"), each per head, over the
+probe batch:
 
   first_token_mass  mean over samples and queries t >= 1 of P[t, 0]: an attention sink
                     reads ~1 (query 0 is left out: it can attend nowhere else)

@@ -20,7 +20,7 @@ samples and heads of the probe's rank_eps_max (None for probes that lack it): th
 advised bound must hold. W_O (`out`, a weight) is a row capped by min(shape), its structural
 rank. Per layer the report copies the probe's per-head figures (`heads`, classified by
 budgets/classify.py under annotate), the residual stream (`residual`), the past->future rank
-at several lengths and the KV heads' ranks, which the advice reads (budgets/verdicts.py).
+at several lengths and the KV heads' ranks, which the advice reads (budgets/advice.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import json
 import math
 from pathlib import Path
 
+from .advice import annotate
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget
 from .schema import ANY, Choice, Int, ListOf, MapOf, Maybe, Number, Record, check, read_json
-from .verdicts import VerdictThresholds, annotate
+from .verdicts import VerdictThresholds
 
 REPORT_SCHEMA = "rankzoo.report"
 # Version 1 still: verdicts, "collapsed", "advice" and "thresholds" were *added* keys, so a
@@ -243,7 +244,7 @@ def build_report(variants: dict[str, dict], experiment: str = "",
     metrics, and optionally status (train's run status: no advice unless finished and
     learned) and lora ({"r", "targets"}: the adapter the experiment configures)}.
     Returns a JSON-serializable dict (schema "rankzoo.report", version 1) with verdicts
-    and advice (budgets/verdicts.py) under the given thresholds."""
+    and advice (budgets/verdicts.py, budgets/advice.py) under the given thresholds."""
     if not variants:
         raise ValueError("build_report needs at least one variant, got none")
     report = {

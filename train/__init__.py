@@ -1,9 +1,10 @@
 """The harness: a decoder LM around any zoo block, data (MQAR, low-rank Markov, byte-level
-text), Lightning training, the CLI.
+text), Lightning training, the verbs behind the CLI, one subpackage per job (the map is in
+docs/ARCHITECTURE.md).
 
-Importing `train` stays light (no Lightning): `train.harness.module`, `train.harness.callbacks`,
-`train.harness.fit` and the stages above it (`train.experiment.stages`, `train.experiment.finetune`) import Lightning when
-they are imported themselves.
+Importing `train` stays light (no Lightning): only train/harness/ imports Lightning, and
+only when its modules (or the stages that run them, train/experiment/stages.py and
+train/experiment/finetune.py) are imported themselves.
 """
 
 from .config import Experiment, load_experiment, parse_experiment

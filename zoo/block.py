@@ -23,9 +23,10 @@ its budget only:
   _weight_matrices()           under no_grad; what it returns is detached
   inference_state(cache)       overridden directly: there is nothing to check or set up
 
-Helpers the blocks share: `apply_linear` (a projection, adapters included), `split_heads`
-(a projection split into heads) and `decode_step_backend` (the backend of a one-token
-decoding step); the torch kernels share `zoo.ops.precision.upcast_16bit`.
+Helpers the blocks share: `Block.add_projections` (the q/k/v/o projections every attention
+block builds), `apply_linear` (a projection, adapters included), `split_heads` (a projection
+split into heads) and `decode_step_backend` (the backend of a one-token decoding step); the
+torch kernels share `zoo.ops.precision.upcast_16bit`.
 """
 
 from __future__ import annotations
@@ -105,6 +106,19 @@ class Block(nn.Module):
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def add_projections(self, *, q: int | None = None, k: int | None = None,
+                        v: int | None = None, o: int | None = None, bias: bool = False) -> None:
+        """The attention projections, under the names checkpoints and PEFT targets use:
+        q_proj, k_proj, v_proj (d_model -> the width given) and o_proj (the width given ->
+        d_model), nn.Linear each; a width left None is not built. Always built in the order
+        q, k, v, o: the order fixes their seeded initialization."""
+        d_model = self.config.d_model
+        for name, width in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+            if width is not None:
+                setattr(self, name, nn.Linear(d_model, width, bias=bias))
+        if o is not None:
+            self.o_proj = nn.Linear(o, d_model, bias=bias)
 
     # The contract: checks and setup here, the math in each block's hooks.
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:

@@ -29,7 +29,6 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import budgets
 from budgets import RankBudget
@@ -105,10 +104,7 @@ class LinearAttention(Block):
         super().__init__(config)
         c = config
         H, K, V = c.n_heads, c.k_dim, c.head_dim
-        self.q_proj = nn.Linear(c.d_model, H * K, bias=c.bias)
-        self.k_proj = nn.Linear(c.d_model, H * K, bias=c.bias)
-        self.v_proj = nn.Linear(c.d_model, H * V, bias=c.bias)
-        self.o_proj = nn.Linear(H * V, c.d_model, bias=c.bias)
+        self.add_projections(q=H * K, k=H * K, v=H * V, o=H * V, bias=c.bias)
         if c.feature_map == "taylor":
             i, j = torch.triu_indices(K, K)  # the K(K+1)/2 pairs i <= j
             weight = torch.where(i == j, 1 / math.sqrt(2 * K), 1 / math.sqrt(K))

@@ -131,7 +131,7 @@ class MultiHeadLatentAttention(Block):
         c = config
         D, H, R = c.d_model, c.n_heads, c.latent
         if c.q_lora_rank is None:
-            self.q_proj = nn.Linear(D, H * c.qk_dim, bias=False)
+            self.add_projections(q=H * c.qk_dim)
         else:
             self.q_down = nn.Linear(D, c.q_lora_rank, bias=False)
             self.q_norm = nn.RMSNorm(c.q_lora_rank, eps=c.norm_eps)
@@ -139,7 +139,7 @@ class MultiHeadLatentAttention(Block):
         self.kv_down = nn.Linear(D, R + c.rope_dim, bias=False)  # W_DKV and W_KR together
         self.kv_norm = nn.RMSNorm(R, eps=c.norm_eps)
         self.kv_up = nn.Linear(R, H * (c.nope_dim + c.value_dim), bias=False)  # W_UK, W_UV
-        self.o_proj = nn.Linear(H * c.value_dim, D, bias=False)
+        self.add_projections(o=H * c.value_dim)
 
     @classmethod
     def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:

@@ -103,8 +103,7 @@ class MoEAttention(Block):
         E, K, D = c.n_heads, c.k_dim, c.d_model
         self.router = nn.Linear(D, E, bias=False)
         self.q_experts = _expert_init(E, K, D, fan_in=D)  # W_Q^e [K, D]
-        self.k_proj = nn.Linear(D, K, bias=False)  # shared by all heads
-        self.v_proj = nn.Linear(D, K, bias=False)
+        self.add_projections(k=K, v=K)  # one key and one value, shared by all heads
         self.o_experts = _expert_init(E, D, K, fan_in=K)  # W_O^e [D, V]
         self.aux_loss: torch.Tensor | None = None  # set by every forward
         self.balance: torch.Tensor | None = None

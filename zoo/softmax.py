@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import nn
 
 import budgets
 from budgets import RankBudget, attention_budget
@@ -88,12 +87,8 @@ class SoftmaxAttention(Block):
 
     def __init__(self, config: SoftmaxConfig):
         super().__init__(config)
-        c = config
-        H, G, K = c.n_heads, c.kv_heads, c.k_dim
-        self.q_proj = nn.Linear(c.d_model, H * K, bias=c.bias)
-        self.k_proj = nn.Linear(c.d_model, G * K, bias=c.bias)
-        self.v_proj = nn.Linear(c.d_model, G * K, bias=c.bias)
-        self.o_proj = nn.Linear(H * K, c.d_model, bias=c.bias)
+        H, G, K = config.n_heads, config.kv_heads, config.k_dim
+        self.add_projections(q=H * K, k=G * K, v=G * K, o=H * K, bias=config.bias)  # V = K
 
     @classmethod
     def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:

@@ -1,29 +1,73 @@
-"""Helpers shared by the train tests."""
+"""Helpers shared by the train tests: the one tiny experiment they run, and a finished run
+written without training."""
 
+import copy
 import json
 from pathlib import Path
 
+import pytest
 import torch
+import yaml
 
 import budgets
 from train.config import parse_experiment
 from train.lm.decoder import build_model
 from train.rundir.files import write_json, write_yaml
 
+MQA = {"block": "softmax", "n_kv_heads": 1}  # the variant most tests set beside "mha"
+TINY_DATA = {  # each task's own keys; tiny_experiment adds the sizes, 4 batches an epoch
+    "mqar": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
+    "markov": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2},
+}
 
-def tiny_markov(name: str, checkpoint_every: int) -> dict:
-    """A one-variant Markov experiment that trains 6 steps in about a second."""
-    return {
-        "name": name, "seed": 0,
-        "data": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
-                 "train_size": 32, "val_size": 8, "batch_size": 8},
+
+def tiny_experiment(task: str = "mqar", **sections) -> dict:
+    """The tiny experiment of the train tests, a fresh dict on every call: one layer of
+    d_model 16, one "mha" variant, 6 steps (about a second), on MQAR or the Markov
+    language (`task`). Each keyword changes one top-level key, as merged() does."""
+    return merged({
+        "name": "tiny", "seed": 0,
+        "data": {**TINY_DATA[task], "train_size": 32, "val_size": 8, "batch_size": 8},
         "model": {"d_model": 16, "n_layers": 1},
         "block_defaults": {"n_heads": 2},
         "variants": {"mha": {"block": "softmax"}},
         "train": {"max_steps": 6, "warmup_steps": 1, "val_every_n_steps": 3,
-                  "checkpoint_every_n_steps": checkpoint_every, "log_every_n_steps": 3},
+                  "checkpoint_every_n_steps": 3, "log_every_n_steps": 1},
         "monitor": {"every_n_steps": 3, "probe_size": 2, "histograms": False},
-    }
+    }, **sections)
+
+
+def merged(raw: dict, **sections) -> dict:
+    """A deep copy of `raw` with each keyword's top-level key changed: a dict is merged
+    into the section of that name (a key set to None is dropped, so its default applies),
+    anything else replaces it, and None drops the key itself."""
+    out = dict(raw)
+    for key, value in sections.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in {**out[key], **value}.items() if v is not None}
+        else:
+            out[key] = value
+    return copy.deepcopy(out)
+
+
+def tiny_markov(name: str, checkpoint_every: int) -> dict:
+    """The tiny experiment on the Markov language, logging every 3 steps."""
+    return tiny_experiment("markov", name=name, train={
+        "checkpoint_every_n_steps": checkpoint_every, "log_every_n_steps": 3})
+
+
+@pytest.fixture
+def tiny_yaml(tmp_path):
+    """tiny_yaml(raw=None, file="exp.yaml", **sections) writes tmp_path/file and returns
+    its path: `raw` (tiny_experiment() when None) changed by `sections` as merged() does."""
+    def write(raw: dict | None = None, file: str = "exp.yaml", **sections) -> Path:
+        path = tmp_path / file
+        doc = tiny_experiment(**sections) if raw is None else merged(raw, **sections)
+        path.write_text(yaml.safe_dump(doc))
+        return path
+    return write
 
 
 def write_run(root: Path, raw: dict, steps: tuple[int, ...] = (5, 10), spectra: bool = False,

@@ -2,25 +2,20 @@
 
 import re
 
-import yaml
-
 from train.harness.bench_monitor import main
 
-RAW = {
-    "name": "b", "seed": 0,
-    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2, "train_size": 64,
-             "val_size": 16, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "mqa": {"block": "softmax", "n_kv_heads": 1}},
-    "train": {"max_steps": 4, "val_every_n_steps": 2, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 2, "probe_size": 4},
-}
+from .conftest import MQA, tiny_experiment
+
+RAW = tiny_experiment(  # warmup, checkpoints and histograms left at their defaults
+    name="b", data={"train_size": 64, "val_size": 16}, variants={"mqa": MQA},
+    train={"max_steps": 4, "warmup_steps": None, "val_every_n_steps": 2,
+           "checkpoint_every_n_steps": None},
+    monitor={"every_n_steps": 2, "probe_size": 4, "histograms": None})
 
 
 def test_monitor_bench_prints_the_overhead_and_writes_nothing_here(tmp_path, monkeypatch,
-                                                                    capsys):
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
+                                                                    capsys, tiny_yaml):
+    tiny_yaml(RAW)
     monkeypatch.chdir(tmp_path)
     assert main(["monitor", "--config", "exp.yaml", "--variant", "mqa", "--steps", "3"]) == 0
     out = capsys.readouterr().out
@@ -30,7 +25,6 @@ def test_monitor_bench_prints_the_overhead_and_writes_nothing_here(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]  # no runs/
 
 
-def test_monitor_bench_unknown_variant_is_an_error(tmp_path, capsys):
-    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(RAW))
-    assert main(["monitor", "--config", str(tmp_path / "exp.yaml"), "--variant", "gqa"]) == 2
+def test_monitor_bench_unknown_variant_is_an_error(capsys, tiny_yaml):
+    assert main(["monitor", "--config", str(tiny_yaml(RAW)), "--variant", "gqa"]) == 2
     assert "'gqa' is not in" in capsys.readouterr().err

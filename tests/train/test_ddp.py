@@ -17,19 +17,12 @@ import pytest
 import torch
 import yaml
 
+from .conftest import tiny_experiment
+
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY = {
-    "name": "ddp", "seed": 0,
-    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2, "train_size": 64,
-             "val_size": 16, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 6, "warmup_steps": 1, "val_every_n_steps": 3,
-              "checkpoint_every_n_steps": 3, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 2, "probe_size": 4},
-}
+TINY = tiny_experiment(name="ddp", data={"train_size": 64, "val_size": 16},
+                       monitor={"every_n_steps": 2, "probe_size": 4, "histograms": None})
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import train.data as data
+import train.data.loaders as data
 from train.data import EpochBatches, MQARSpec, make_loaders
 
 EPOCHS = 4

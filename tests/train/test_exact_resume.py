@@ -35,18 +35,14 @@ import train.harness.module as module_py
 from train.cli import main
 from train.rundir.status import read_status
 
+from .conftest import tiny_experiment
+
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = {
-    "name": "exact", "seed": 0,
-    "data": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
-             "train_size": 80, "val_size": 8, "batch_size": 16},  # 5 batches per epoch
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 12, "warmup_steps": 1, "val_every_n_steps": 4,
-              "checkpoint_every_n_steps": 2, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 3, "probe_size": 2},  # histograms on: they are purged too
-}
+CONFIG = tiny_experiment(
+    "markov", name="exact",
+    data={"train_size": 80, "batch_size": 16},  # 5 batches per epoch
+    train={"max_steps": 12, "val_every_n_steps": 4, "checkpoint_every_n_steps": 2},
+    monitor={"histograms": None})  # histograms on (the default): they are purged too
 KILLS = {  # name -> (point, the step it is reached at, the checkpoint step it leaves)
     "before-first-checkpoint": ("train_step", 1, None),
     "between-checkpoints": ("train_step", 7, 6),
@@ -55,10 +51,10 @@ KILLS = {  # name -> (point, the step it is reached at, the checkpoint step it l
 }
 DRIVER = '''
 import os, signal, sys
-sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests", "train")]
+sys.path[:0] = [os.getcwd()]
 import budgets
 import train.harness.checkpoint as checkpoint
-from test_exact_resume import record_draws
+from tests.train.test_exact_resume import record_draws
 from train.cli import main
 
 point, at, config, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -1,24 +1,15 @@
 from pathlib import Path
 
 import pytest
-import yaml
 
 from train.config import apply_override, load_experiment
 
+from .conftest import MQA, tiny_experiment
+
 ROOT = Path(__file__).resolve().parents[2]
-BASE = {
-    "name": "t", "seed": 1,
-    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "mqa": {"block": "softmax", "n_kv_heads": 1}},
-}
-
-
-def write(tmp_path, raw) -> Path:
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+BASE = tiny_experiment(  # the sizes, train and monitor sections left at their defaults
+    name="t", seed=1, data={"train_size": None, "val_size": None, "batch_size": None},
+    variants={"mqa": MQA}, train=None, monitor=None)
 
 
 def test_quick_config_loads():
@@ -27,8 +18,8 @@ def test_quick_config_loads():
     assert {v.block_kwargs.get("n_kv_heads") for v in exp.variants.values()} == {None, 2, 1}
 
 
-def test_defaults_merge_and_overrides(tmp_path):
-    exp = load_experiment(write(tmp_path, BASE),
+def test_defaults_merge_and_overrides(tiny_yaml):
+    exp = load_experiment(tiny_yaml(BASE),
                           ["train.max_steps=7", "variants.mqa.n_kv_heads=2", "seed=5",
                            "monitor.eps=0.01", "train.precision=bf16-mixed"])
     assert exp.train.max_steps == 7 and exp.seed == 5 and exp.monitor.eps == 0.01
@@ -37,7 +28,7 @@ def test_defaults_merge_and_overrides(tmp_path):
     assert exp.variants["mha"].block_kwargs == {"n_heads": 2}
     config = exp.variant_config("mqa")
     assert config["block"] == {"name": "softmax", "n_heads": 2, "n_kv_heads": 2}
-    assert load_experiment(write(tmp_path, exp.to_dict())) == exp  # round trip
+    assert load_experiment(tiny_yaml(exp.to_dict())) == exp  # round trip
 
 
 @pytest.mark.parametrize("override, match", [
@@ -47,9 +38,9 @@ def test_defaults_merge_and_overrides(tmp_path):
                                  r"'variants\.mqa\.n_kv_heads'"),
     ("block_defaults.n_haeds=1", r"'block_defaults\.n_haeds'.*did you mean"),
 ])
-def test_unknown_keys_suggest(tmp_path, override, match):
+def test_unknown_keys_suggest(tiny_yaml, override, match):
     with pytest.raises(ValueError, match=match):
-        load_experiment(write(tmp_path, BASE), [override])
+        load_experiment(tiny_yaml(BASE), [override])
 
 
 @pytest.mark.parametrize("override, match", [
@@ -59,9 +50,9 @@ def test_unknown_keys_suggest(tmp_path, override, match):
     ("seed.x=3", r"seed is 1, not a mapping"),
     ("train.max_steps=[1", "not valid YAML"),
 ])
-def test_bad_overrides(tmp_path, override, match):
+def test_bad_overrides(tiny_yaml, override, match):
     with pytest.raises(ValueError, match=match):
-        load_experiment(write(tmp_path, BASE), [override])
+        load_experiment(tiny_yaml(BASE), [override])
 
 
 @pytest.mark.parametrize("override, match", [
@@ -75,13 +66,13 @@ def test_bad_overrides(tmp_path, override, match):
     ("name=a/b", "name must be"),
     ("variants={}", "variants must be a non-empty mapping"),
 ])
-def test_bad_values_are_named(tmp_path, override, match):
+def test_bad_values_are_named(tiny_yaml, override, match):
     with pytest.raises(ValueError, match=match):
-        load_experiment(write(tmp_path, BASE), [override])
+        load_experiment(tiny_yaml(BASE), [override])
 
 
-def test_errors_name_the_file(tmp_path):
-    path = write(tmp_path, BASE)
+def test_errors_name_the_file(tiny_yaml):
+    path = tiny_yaml(BASE)
     with pytest.raises(ValueError, match=str(path)):
         load_experiment(path, ["model.d_model=-1"])
 
@@ -108,12 +99,11 @@ def test_apply_override_creates_missing_sections():
 
 
 def _per_variant_train_raw(train) -> dict:
-    return {"name": "t", "data": {"vocab_size": 32, "seq_len": 32, "num_kv_pairs": 4,
-                                  "train_size": 64, "val_size": 8, "batch_size": 8},
-            "model": {"d_model": 16, "n_layers": 1}, "block_defaults": {"n_heads": 2},
-            "train": {"optimizer": "muon", "lr": 1e-2},
-            "variants": {"mha": {"block": "softmax"},
-                         "ssm": {"block": "ssm", "d_state": 4, "train": train}}}
+    raw = tiny_experiment(name="t", seed=None, monitor=None,
+                          data={"seq_len": 32, "num_kv_pairs": 4, "train_size": 64},
+                          variants={"ssm": {"block": "ssm", "d_state": 4, "train": train}})
+    raw["train"] = {"optimizer": "muon", "lr": 1e-2}
+    return raw
 
 
 def test_a_variant_sets_its_own_optimizer_and_lr():

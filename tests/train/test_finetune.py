@@ -19,20 +19,16 @@ from train.harness.module import build_model
 from train.harness.optim import build_optimizer
 from train.lm.lora import LoRALinear, attach_lora, lora_parameters
 
-DATA = {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2, "train_size": 64,
-        "val_size": 16, "batch_size": 16}
-BASE = {
-    "name": "ft", "seed": 0, "data": DATA,
-    "model": {"d_model": 32, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 4, "warmup_steps": 1, "val_every_n_steps": 4,
-              "checkpoint_every_n_steps": 4, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 4, "probe_size": 2, "histograms": False},
-    "finetune": {"ranks": [1, 2], "targets": ["q_proj", "v_proj"],
-                 "data": {**DATA, "permute_seed": 1},
-                 "train": {"max_steps": 4, "lr": 0.02, "warmup_steps": 0}},
-}
+from .conftest import tiny_experiment
+
+DATA = {**tiny_experiment()["data"], "train_size": 64, "val_size": 16, "batch_size": 16}
+BASE = tiny_experiment(
+    name="ft", data=DATA, model={"d_model": 32},
+    train={"max_steps": 4, "val_every_n_steps": 4, "checkpoint_every_n_steps": 4},
+    monitor={"every_n_steps": 4},
+    finetune={"ranks": [1, 2], "targets": ["q_proj", "v_proj"],
+              "data": {**DATA, "permute_seed": 1},
+              "train": {"max_steps": 4, "lr": 0.02, "warmup_steps": 0}})
 QUIET = Console(quiet=True)
 
 

@@ -20,41 +20,23 @@ from train.data import (
     markov_transitions,
     text_splits,
 )
-from train.experiment.plan import count_params, matched_widths
+from train.sizing.match import count_params, matched_widths
 from train.harness.module import LMModule, NonFiniteLoss
 from train.harness.optim import Combined, build_optimizer, muon_params
 
-BASE = {
-    "name": "h", "seed": 0,
-    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2, "train_size": 32,
-             "val_size": 8, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "mqa": {"block": "softmax", "n_kv_heads": 1}},
-    "train": {"max_steps": 6, "warmup_steps": 1, "val_every_n_steps": 3,
-              "checkpoint_every_n_steps": 2, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 3, "probe_size": 2, "histograms": False},
-}
+from .conftest import MQA, merged, tiny_experiment
+
+BASE = tiny_experiment(name="h", variants={"mqa": MQA}, train={"checkpoint_every_n_steps": 2})
 
 
 def with_(**sections):
-    raw = json.loads(json.dumps(BASE))
-    for section, values in sections.items():
-        raw[section] = values if not isinstance(values, dict) else {**raw.get(section, {}),
-                                                                     **values}
-    return raw
-
-
-def write(tmp_path, raw):
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return merged(BASE, **sections)
 
 
 # ---------------------------------------------------------------- dry run
 
-def test_dry_run_prints_the_matched_table_and_touches_nothing(tmp_path, capsys):
-    config, runs = write(tmp_path, with_(match={"params": True})), tmp_path / "runs"
+def test_dry_run_prints_the_matched_table_and_touches_nothing(tmp_path, capsys, tiny_yaml):
+    config, runs = tiny_yaml(BASE, match={"params": True}), tmp_path / "runs"
     assert main(["train", str(config), "--dry-run", "--runs-dir", str(runs)]) == 0
     table = capsys.readouterr().out
     assert "mha" in table and "mqa" in table and "d_mlp" in table and "value_path" in table
@@ -84,11 +66,11 @@ def test_every_block_pair_in_the_zoo_matches_within_tolerance():
         assert abs(counts[1] - counts[0]) <= 0.05 * counts[0], (a, b, widths, counts)
 
 
-def test_matched_width_is_recorded_and_reloads(tmp_path):
+def test_matched_width_is_recorded_and_reloads(tiny_yaml):
     exp = parse_experiment(with_(match={"params": True, "tolerance": 0.02}))
     assert exp.variant_config("mha")["model"]["d_mlp"] == 64
     assert exp.variant_config("mqa")["model"]["d_mlp"] > 64
-    assert load_experiment(write(tmp_path, exp.to_dict())) == exp
+    assert load_experiment(tiny_yaml(exp.to_dict())) == exp
 
 
 def test_impossible_match_names_the_variant_and_counts():
@@ -218,8 +200,7 @@ def test_muon_on_markov_trains_through_lightning(tmp_path):
     from train.experiment.stages import train_experiment
 
     raw = with_(train={"optimizer": "muon", "max_steps": 4})
-    raw["data"] = {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
-                   "train_size": 32, "val_size": 8, "batch_size": 8}
+    raw["data"] = tiny_experiment("markov")["data"]
     raw["variants"] = {"mha": {"block": "softmax"}}
     train_experiment(parse_experiment(raw), runs_dir=tmp_path)
     config = yaml.safe_load((tmp_path / "h" / "mha" / "config.yaml").read_text())
@@ -247,8 +228,8 @@ def test_non_finite_loss_stops_naming_variant_and_step_and_keeps_last_good_check
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
 
 
-def test_bad_text_path_fails_before_the_run_directory_is_made(tmp_path, capsys):
+def test_bad_text_path_fails_before_the_run_directory_is_made(tmp_path, capsys, tiny_yaml):
     raw = with_() | {"data": {"task": "text", "paths": [str(tmp_path / "gone")], "seq_len": 8}}
     runs = tmp_path / "runs"
-    assert main(["train", str(write(tmp_path, raw)), "--runs-dir", str(runs)]) == 2
+    assert main(["train", str(tiny_yaml(raw)), "--runs-dir", str(runs)]) == 2
     assert "gone' does not exist" in capsys.readouterr().err and not runs.exists()

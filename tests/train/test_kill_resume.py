@@ -11,23 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from train.cli import main
 
+from .conftest import tiny_experiment
+
 ROOT = Path(__file__).resolve().parents[2]
 EVERY = 5
-CONFIG = {
-    "name": "killed", "seed": 0,
-    "data": {"task": "markov", "vocab_size": 16, "seq_len": 16, "rank": 2,
-             "train_size": 256, "val_size": 8, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 100_000, "warmup_steps": 1, "val_every_n_steps": 1000,
-              "checkpoint_every_n_steps": EVERY, "log_every_n_steps": EVERY},
-    "monitor": {"every_n_steps": EVERY, "probe_size": 2, "histograms": False},
-}
+CONFIG = tiny_experiment(
+    "markov", name="killed", data={"train_size": 256},
+    train={"max_steps": 100_000, "val_every_n_steps": 1000, "checkpoint_every_n_steps": EVERY,
+           "log_every_n_steps": EVERY},
+    monitor={"every_n_steps": EVERY})
 
 
 def steps(path: Path, complete_only: bool = False) -> list[int]:
@@ -42,9 +37,8 @@ def steps(path: Path, complete_only: bool = False) -> list[int]:
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
-def test_sigkill_then_resume_continues_without_gaps_or_duplicates(tmp_path):
-    config, runs = tmp_path / "killed.yaml", tmp_path / "runs"
-    config.write_text(yaml.safe_dump(CONFIG))
+def test_sigkill_then_resume_continues_without_gaps_or_duplicates(tmp_path, tiny_yaml):
+    config, runs = tiny_yaml(CONFIG, file="killed.yaml"), tmp_path / "runs"
     vdir = runs / "killed" / "mha"
     proc = subprocess.Popen([sys.executable, "-m", "train.cli", "train", str(config),
                              "--runs-dir", str(runs)], cwd=ROOT,

@@ -1,4 +1,4 @@
-"""The data's rank shows in the model: on the low-rank Markov language (train/data/__init__.py), a
+"""The data's rank shows in the model: on the low-rank Markov language (train/data/markov.py), a
 tiny model trained on rank-4 data ends with final hidden states of lower realized rank
 than the same model trained on rank-32 data.
 
@@ -24,23 +24,22 @@ from train.data import make_splits
 from train.experiment.stages import train_experiment
 from train.harness.module import LMModule
 
+from .conftest import tiny_experiment
+
 STEPS = 200
 MARGIN = 1.5  # erank(r=32) - erank(r=4) was >= 3.2 on seeds 0-2; half of that, to spare
 PROBE_SEQUENCES = 64
 
 
 def markov_experiment(rank: int, seed: int = 0, steps: int = STEPS):
-    return parse_experiment({
-        "name": f"markov-r{rank}", "seed": seed,
-        "data": {"task": "markov", "vocab_size": 64, "rank": rank, "seq_len": 32,
-                 "train_size": 2048, "val_size": 128, "batch_size": 32},
-        "model": {"d_model": 32, "n_layers": 1},
-        "block_defaults": {"n_heads": 2},
-        "variants": {"mha": {"block": "softmax"}},
-        "train": {"max_steps": steps, "lr": 3e-3, "warmup_steps": 20,
-                  "val_every_n_steps": steps, "checkpoint_every_n_steps": steps},
-        "monitor": {"every_n_steps": steps, "probe_size": 16, "histograms": False},
-    })
+    return parse_experiment(tiny_experiment(
+        "markov", name=f"markov-r{rank}", seed=seed,
+        data={"vocab_size": 64, "rank": rank, "seq_len": 32, "train_size": 2048,
+              "val_size": 128, "batch_size": 32},
+        model={"d_model": 32},
+        train={"max_steps": steps, "lr": 3e-3, "warmup_steps": 20, "val_every_n_steps": steps,
+               "checkpoint_every_n_steps": steps, "log_every_n_steps": None},
+        monitor={"every_n_steps": steps, "probe_size": 16}))
 
 
 def final_hidden_states(model, tokens: torch.Tensor) -> torch.Tensor:

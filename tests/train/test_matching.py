@@ -11,8 +11,9 @@ import yaml
 import zoo
 from train.cli import main
 from train.config import load_experiment, parse_experiment
-from train.experiment.plan import STATE_KNOBS, plan_document
+from train.experiment.plan import plan_document
 from train.harness.module import build_model
+from train.sizing.match import STATE_KNOBS
 
 # A short sequence and a reference MHA with a small head (K = 4): cache per layer
 # 2 * T * H * K = 512 elements at T = 16, which every knob below can reach within 5%.
@@ -53,8 +54,8 @@ def cache_of(exp, variant) -> int:
 # ---------------------------------------------------------------- parameters
 
 def test_every_block_pair_matches_parameters_through_the_experiment():
-    # (train/experiment/plan.py's matched_widths is checked pair by pair in test_harness.py; this goes
-    # through parse_experiment and the variant configs training builds)
+    # (train/sizing/match.py's matched_widths is checked pair by pair in test_harness.py;
+    # this goes through parse_experiment and the variant configs training builds)
     for a, b in itertools.permutations(zoo.names(), 2):
         exp = parse_experiment(experiment_raw({"ref": {"block": a}, "other": {"block": b}},
                                               params=True))

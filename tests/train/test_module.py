@@ -3,14 +3,13 @@ import torch
 from train.config import parse_experiment
 from train.harness.module import LMModule
 
-RAW = {
-    "name": "t", "seed": 1,
-    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
-    "model": {"d_model": 16, "n_layers": 2},
-    "block_defaults": {"n_heads": 4},
-    "variants": {"moe": {"block": "moe", "top_k": 2, "aux_loss_weight": 0.5},
-                 "mha": {"block": "softmax"}},
-}
+from .conftest import tiny_experiment
+
+RAW = tiny_experiment(  # the sizes, train and monitor sections left at their defaults
+    name="t", seed=1, data={"train_size": None, "val_size": None, "batch_size": None},
+    model={"n_layers": 2}, block_defaults={"n_heads": 4},
+    variants={"moe": {"block": "moe", "top_k": 2, "aux_loss_weight": 0.5}},
+    train=None, monitor=None)
 
 
 def batch(seed=0):

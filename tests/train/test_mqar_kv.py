@@ -5,20 +5,17 @@ import copy
 import lightning as L
 import pytest
 import torch
-import yaml
 
 from train.config import load_experiment, parse_experiment
 from train.data import IGNORE, MQARSpec, make_mqar, make_mqar_val, make_splits
 from train.harness.module import LMModule
 
-RAW = {
-    "name": "t", "seed": 1,
-    "data": {"vocab_size": 32, "seq_len": 32, "num_kv_pairs": 4, "val_kv_pairs": [2, 4, 8],
-             "train_size": 64, "val_size": 30, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-}
+from .conftest import tiny_experiment
+
+RAW = tiny_experiment(  # the train and monitor sections left at their defaults
+    name="t", seed=1, train=None, monitor=None,
+    data={"seq_len": 32, "num_kv_pairs": 4, "val_kv_pairs": [2, 4, 8], "train_size": 64,
+          "val_size": 30})
 
 
 def test_validation_split_mixes_the_numbers_of_pairs_interleaved():
@@ -86,11 +83,10 @@ def test_default_logs_the_training_number_only():
     ([0, 2], r"val_kv_pairs must be a non-empty list of positive ints, got \[0, 2\]"),
     (4, "data.val_kv_pairs must be list or null, got 4"),
 ])
-def test_bad_val_kv_pairs_are_named(tmp_path, value, match):
+def test_bad_val_kv_pairs_are_named(tiny_yaml, value, match):
     raw = copy.deepcopy(RAW)
     raw["data"]["val_kv_pairs"] = value
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = tiny_yaml(raw)
     with pytest.raises(ValueError, match=match):
         load_experiment(path)
 

@@ -13,16 +13,13 @@ import pytest
 import yaml
 
 from train.cli import main
-from train.commands.pick import (
-    Constraints,
-    Shape,
-    dominates,
-    emitted_experiment,
-    pick_document,
-    size,
-)
+from train.commands.pick import pick_document
+from train.commands.pick.constraints import Constraints, size
+from train.commands.pick.emit import emitted_experiment
+from train.commands.pick.front import dominates
 from train.config import load_experiment
 from train.experiment.plan import plan_document
+from train.sizing.families import Shape
 from train.sizing.units import parse_bytes, parse_count
 
 from .conftest import write_run

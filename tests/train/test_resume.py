@@ -10,18 +10,14 @@ from rich.console import Console
 from train.config import parse_experiment
 from train.experiment.stages import train_experiment
 
+from .conftest import tiny_experiment
+
 QUIET = Console(quiet=True)
-RAW = {
-    "name": "rs", "seed": 0,
-    "data": {"vocab_size": 16, "seq_len": 16, "num_kv_pairs": 2, "train_size": 64,
-             "val_size": 16, "batch_size": 16},
-    "model": {"d_model": 16, "n_layers": 1},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}},
-    "train": {"max_steps": 4, "warmup_steps": 0, "val_every_n_steps": 4,
-              "checkpoint_every_n_steps": 4},
-    "monitor": {"every_n_steps": 4, "probe_size": 2, "histograms": False},
-}
+RAW = tiny_experiment(
+    name="rs", data={"vocab_size": 16, "train_size": 64, "val_size": 16, "batch_size": 16},
+    train={"max_steps": 4, "warmup_steps": 0, "val_every_n_steps": 4,
+           "checkpoint_every_n_steps": 4, "log_every_n_steps": None},
+    monitor={"every_n_steps": 4})
 
 
 def experiment(**changes):

@@ -9,7 +9,6 @@ trained one): what is tested is reading them back, and that takes no training.
 import json
 
 import pytest
-import yaml
 
 from budgets.schema import Int, ListOf, Maybe, Number, Record, check, read_json, read_text
 from train.cli import main
@@ -17,17 +16,13 @@ from train.config import load_experiment
 from train.hf import adapter_dir, model_type_of
 from train.rundir.files import read_yaml
 
+from .conftest import MQA, tiny_experiment
 from .conftest import write_run as write_run_dir
 
-TINY = {
-    "name": "tiny", "seed": 0,
-    "data": {"vocab_size": 16, "seq_len": 8, "num_kv_pairs": 2, "train_size": 32,
-             "val_size": 8, "batch_size": 4},
-    "model": {"d_model": 16, "n_layers": 2},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "mqa": {"block": "softmax", "n_kv_heads": 1}},
-    "train": {"max_steps": 10, "warmup_steps": 2},
-}
+TINY = tiny_experiment(
+    data={"vocab_size": 16, "seq_len": 8, "batch_size": 4}, model={"n_layers": 2},
+    variants={"mqa": MQA}, monitor=None)
+TINY["train"] = {"max_steps": 10, "warmup_steps": 2}
 
 
 def write_run(root, raw=TINY):
@@ -120,9 +115,8 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
     assert "<unicode string>" not in err
 
 
-def test_override_errors_name_the_override(tmp_path, capsys):
-    path = tmp_path / "base.yaml"
-    path.write_text(yaml.safe_dump(TINY))
+def test_override_errors_name_the_override(capsys, tiny_yaml):
+    path = tiny_yaml(TINY, file="base.yaml")
     err = error_of(capsys, "train", path, "train.max_steps=abc", "--dry-run")
     assert err == (f"override 'train.max_steps=abc' (applied to {path}): train.max_steps "
                    "must be int, got 'abc'")
@@ -134,17 +128,15 @@ def test_override_errors_name_the_override(tmp_path, capsys):
     assert "<unicode string>" not in err
 
 
-def test_the_file_is_blamed_for_its_own_error(tmp_path):
-    path = tmp_path / "base.yaml"
-    path.write_text(yaml.safe_dump({**TINY, "seed": -1}))
+def test_the_file_is_blamed_for_its_own_error(tiny_yaml):
+    path = tiny_yaml(TINY, file="base.yaml", seed=-1)
     with pytest.raises(ValueError) as err:
         load_experiment(path, ["train.max_steps=5"])
     assert str(err.value).startswith(f"{path}: seed must be a non-negative int")
 
 
-def test_an_override_that_fixes_the_file_is_not_blamed(tmp_path):
-    path = tmp_path / "base.yaml"
-    path.write_text(yaml.safe_dump({**TINY, "seed": -1}))
+def test_an_override_that_fixes_the_file_is_not_blamed(tiny_yaml):
+    path = tiny_yaml(TINY, file="base.yaml", seed=-1)
     assert load_experiment(path, ["seed=3"]).seed == 3
 
 

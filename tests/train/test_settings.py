@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from rich.console import Console
 
 import train.harness.devices as devices
@@ -32,10 +31,8 @@ NO_XLA = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,
 
 
 @pytest.fixture
-def config(tmp_path):
-    path = tmp_path / "settings.yaml"
-    path.write_text(yaml.safe_dump(TINY))
-    return path
+def config(tiny_yaml):
+    return tiny_yaml(TINY, file="settings.yaml")
 
 
 LATE_CRASHES = [  # each ended in a traceback after a run directory stub was written

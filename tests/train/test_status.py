@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from rich.console import Console
 
 import train.harness.module as module_py
@@ -127,9 +126,8 @@ def test_report_notes_a_run_that_did_not_finish(tmp_path):
             "mha: interrupted after the checkpoint at step 4 (pid "), notes
 
 
-def test_a_resume_from_an_unreadable_checkpoint_is_one_error(tmp_path, capsys):
-    config = tmp_path / "st.yaml"
-    config.write_text(yaml.safe_dump(TINY))
+def test_a_resume_from_an_unreadable_checkpoint_is_one_error(tmp_path, capsys, tiny_yaml):
+    config = tiny_yaml(TINY, file="st.yaml")
     assert main(["train", str(config), "--runs-dir", str(tmp_path)]) == 0
     ckpt = tmp_path / "st" / "mha" / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:100])  # what a non-atomic write cut short left

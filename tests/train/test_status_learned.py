@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from rich.console import Console
 
 import train.harness.module as module_py
@@ -263,11 +262,11 @@ def scalar_steps(vdir: Path) -> dict[str, list[int]]:
     return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_train_ends_with_the_advice_and_tensorboard_has_the_consoles_steps(tmp_path, capsys):
+def test_train_ends_with_the_advice_and_tensorboard_has_the_consoles_steps(tmp_path, capsys,
+                                                                          tiny_yaml):
     raw = tiny_markov("tb", 3)
     raw["train"]["log_every_n_steps"] = 1
-    config = tmp_path / "tb.yaml"
-    config.write_text(yaml.safe_dump(raw))
+    config = tiny_yaml(raw, file="tb.yaml")
     assert main(["train", str(config), "--runs-dir", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "no architecture advice" in out  # the advice `report` prints: it did not learn

@@ -112,32 +112,18 @@ def test_output_rebuilt_from_mixing_matrices_and_value_path(queries):
     torch.testing.assert_close(y, block(x), atol=1e-5, rtol=1e-5)
 
 
-def test_future_tokens_do_not_change_past_outputs():
-    block = make_block()
-    x = make_x()
-    x2 = x.clone()
-    x2[:, 7:] = torch.randn_like(x2[:, 7:])
-    y, y2 = block(x), block(x2)
-    torch.testing.assert_close(y[:, :7], y2[:, :7], atol=1e-12, rtol=0)
-    assert not torch.allclose(y[:, 7:], y2[:, 7:])
-
-
 @pytest.mark.parametrize("queries", list(QUERIES))
-def test_declared_caps_hold_on_random_weights(queries):
+def test_declared_caps_go_through_the_latent(queries):
+    """Value path R (met exactly by random weights), logits dn + dr, a state of R + dr
+    (that the ranks stay within the caps is the contract's, tests/zoo/test_contract.py)."""
     block = make_block(QUERIES[queries], kv_lora_rank=5)
     c, T = block.config, 12
     declared = block.budget(seq_len=T)
     assert (declared.value_path, declared.logits) == (5, c.nope_dim + c.rope_dim)
     assert declared.inference == min(T, 5 + c.rope_dim)
     weights = block.weight_matrices()
-    assert weights["qk"].shape == (4, 32, 32) and weights["value"].shape == (32, 4 * 8)
+    assert weights["value"].shape == (32, 4 * 8)
     assert int(torch.linalg.matrix_rank(weights["value"])) == declared.value_path
-    assert int(torch.linalg.matrix_rank(weights["qk"]).max()) <= declared.logits
-    cache = block.init_cache(2, T)
-    block(make_x(T=T), cache=cache)
-    for name, S in block.inference_state(cache).items():
-        assert int(torch.linalg.matrix_rank(S).max()) <= declared.inference, name
-    assert declared.params == sum(p.numel() for p in block.parameters())
 
 
 def test_weight_matrices_rebuild_the_value_path():
@@ -151,35 +137,10 @@ def test_weight_matrices_rebuild_the_value_path():
     torch.testing.assert_close(v_from_weights, v_block, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"d_model": 256, "n_heads": 4, "kv_lora_rank": 300},
-     r"kv_lora_rank \(300\) must not exceed d_model \(256\)"),
-    ({"d_model": 256, "n_heads": 4, "q_lora_rank": 512},
-     r"q_lora_rank \(512\) must not exceed d_model \(256\)"),
-    ({"d_model": 30, "n_heads": 4}, r"n_heads \(4\) must divide d_model \(30\)"),
-    ({"d_model": 32, "n_heads": 4, "kv_lora_rank": 0}, r"mla.kv_lora_rank must be a positive"),
-    ({"d_model": 32, "n_heads": 4, "qk_rope_head_dim": 3}, r"even qk_rope_head_dim, got 3"),
-    ({"d_model": 32, "n_heads": 4, "backend": "fast"}, r"unknown attention backend 'fast'"),
-    ({"d_model": 32, "n_heads": 4, "kv_rank": 8}, r"'kv_rank'; did you mean 'kv_lora_rank'"),
-], ids=["R-over-D", "q-rank-over-D", "heads-divide-width", "R-zero", "odd-rope-dim",
-        "unknown-backend", "unknown-key"])
-def test_bad_config_names_the_value(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        zoo.build("mla", **kwargs)
-
-
 def test_explicit_head_dims_need_no_divisible_width():
     block = zoo.build("mla", d_model=30, n_heads=4, qk_nope_head_dim=8, qk_rope_head_dim=4,
                       v_head_dim=6, kv_lora_rank=10)
     assert block(torch.randn(1, 5, 30)).shape == (1, 5, 30)
-
-
-def test_bf16_autocast_forward_is_close_to_fp32():
-    block = make_block(12, dtype=torch.float32)
-    x = make_x(dtype=torch.float32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = block(x)
-    torch.testing.assert_close(y.float(), block(x), atol=5e-2, rtol=5e-2)
 
 
 def test_variants_build_and_registry_lists_the_block():

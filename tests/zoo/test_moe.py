@@ -134,55 +134,18 @@ def test_output_rebuilt_from_mixing_matrices_routing_and_value_path(top_k):
     torch.testing.assert_close(y, block(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("chunks", [[5] + [1] * 10, [3, 1, 6, 1]], ids=["steps", "chunks"])
-@pytest.mark.parametrize("backend", ["sdpa", "reference"])
-def test_prefill_then_decode_equals_parallel_forward(backend, chunks):
-    block = make_block(n_heads=4, top_k=2, backend=backend)
-    x = make_x(T=sum(chunks))
-    cache = block.init_cache(batch=2, max_len=sum(chunks))
-    pieces, t = [], 0
-    for n in chunks:
-        pieces.append(block(x[:, t:t + n], cache=cache))
-        t += n
-    torch.testing.assert_close(torch.cat(pieces, dim=1), block(x), atol=1e-12, rtol=1e-10)
-
-
-def test_declared_caps_hold_on_random_weights():
+def test_declared_caps_are_those_of_k_heads_over_one_kv_head():
+    """k query heads over the one shared key/value head (that the ranks stay within the
+    caps is the contract's, tests/zoo/test_contract.py)."""
     block = make_block(n_heads=4, top_k=2)
     T, K = 12, 8
     declared = block.budget(T)
     assert (declared.n_heads, declared.logits, declared.value_path) == (2, K, K)
     assert declared.cache_elements == 2 * T * K
-    weights = block.weight_matrices()
-    assert weights["qk"].shape == (4, 32, 32)
-    assert int(torch.linalg.matrix_rank(weights["qk"]).max()) <= declared.logits
-    assert int(torch.linalg.matrix_rank(weights["value"])) <= declared.value_path
     cache = block.init_cache(2, T)
     block(make_x(T=T), cache=cache)
     state = block.inference_state(cache)
     assert state["k"].shape == state["v"].shape == (2, T, K)
-    assert int(torch.linalg.matrix_rank(state["k"]).max()) <= declared.inference
-    assert declared.params == sum(p.numel() for p in block.parameters())
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"n_heads": 4, "top_k": 5}, r"top_k \(5\) must not exceed n_heads \(4\)"),
-    ({"n_heads": 4, "top_k": 0}, r"moe.top_k must be a positive int, got 0"),
-    ({"n_heads": 5}, r"n_heads \(5\) must divide d_model \(32\)"),
-    ({"n_heads": 4, "aux_loss_weight": -1.0}, r"aux_loss_weight must be >= 0, got -1.0"),
-    ({"n_heads": 4, "topk": 2}, r"'topk'; did you mean 'top_k'"),
-], ids=["k-over-E", "k-zero", "heads-divide-width", "negative-aux-weight", "unknown-key"])
-def test_bad_config_names_the_value(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        zoo.build("moe", d_model=32, **kwargs)
-
-
-def test_bf16_autocast_forward_is_close_to_fp32():
-    block = make_block(dtype=torch.float32)
-    x = make_x(dtype=torch.float32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = block(x)
-    torch.testing.assert_close(y.float(), block(x), atol=5e-2, rtol=5e-2)
 
 
 def test_variants_build_and_registry_lists_the_block():

@@ -1,4 +1,8 @@
-"""The softmax block keeps the block contract: causal, cached, rebuildable, budgeted."""
+"""The softmax block: fused kernels against the reference, GQA/MQA caches and caps.
+
+The block contract (causality, decoding, caps, bad input and config) is checked on its
+cases in tests/zoo/test_contract.py.
+"""
 
 import pytest
 import torch
@@ -36,17 +40,6 @@ def test_fused_block_matches_reference_outputs_and_grads(variant):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_future_tokens_do_not_change_past_outputs(variant):
-    block = make_block(VARIANTS[variant])
-    x = make_x()
-    x2 = x.clone()
-    x2[:, 7:] = torch.randn_like(x2[:, 7:])
-    y, y2 = block(x), block(x2)
-    torch.testing.assert_close(y[:, :7], y2[:, :7], atol=1e-12, rtol=0)
-    assert not torch.allclose(y[:, 7:], y2[:, 7:])
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_output_rebuilt_from_mixing_matrices_and_value_path(variant):
     block = make_block(VARIANTS[variant], dtype=torch.float32)
     x = make_x(dtype=torch.float32)
@@ -57,18 +50,6 @@ def test_output_rebuilt_from_mixing_matrices_and_value_path(variant):
     torch.testing.assert_close(y, block(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("backend", ["sdpa", "reference"])
-def test_prefill_then_decode_equals_parallel_forward(variant, backend):
-    block = make_block(VARIANTS[variant], backend=backend)
-    x = make_x(T=15)
-    cache = block.init_cache(batch=2, max_len=15)
-    pieces = [block(x[:, :5], cache=cache)]  # prefill
-    pieces += [block(x[:, t:t + 1], cache=cache) for t in range(5, 15)]  # one token at a time
-    torch.testing.assert_close(torch.cat(pieces, dim=1), block(x), atol=1e-12, rtol=1e-10)
-    assert cache.length == 15
-
-
 def test_cache_overflow_names_the_lengths():
     block = make_block()
     cache = block.init_cache(batch=2, max_len=4)
@@ -77,21 +58,19 @@ def test_cache_overflow_names_the_lengths():
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_declared_caps_hold_on_random_weights(variant):
+def test_declared_caps_follow_the_kv_heads(variant):
+    """Logits K, value path min(D, G*K), a cache of G*K keys per token (that the ranks
+    stay within the caps is the contract's, tests/zoo/test_contract.py)."""
     block = make_block(VARIANTS[variant])
     T, G, K = 12, block.config.kv_heads, block.config.k_dim
     declared = block.budget(seq_len=T)
-    weights = block.weight_matrices()
-    assert weights["qk"].shape == (4, 32, 32)
-    assert int(torch.linalg.matrix_rank(weights["qk"]).max()) <= declared.logits == K
-    assert int(torch.linalg.matrix_rank(weights["value"])) <= declared.value_path == min(32, G * K)
+    assert declared.logits == K
+    assert declared.value_path == min(32, G * K)
     cache = block.init_cache(2, T)
     block(make_x(T=T), cache=cache)
     state = block.inference_state(cache)
     assert state["k"].shape == (2, T, G * K)
-    assert int(torch.linalg.matrix_rank(state["k"]).max()) <= declared.inference
     assert declared.cache_elements == 2 * T * G * K
-    assert declared.params == sum(p.numel() for p in block.parameters())
 
 
 def test_gqa_and_mqa_shrink_the_cache_and_the_parameters():
@@ -101,48 +80,15 @@ def test_gqa_and_mqa_shrink_the_cache_and_the_parameters():
     assert budgets["mha"].params > budgets["gqa"].params > budgets["mqa"].params
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"d_model": 512, "n_heads": 6}, r"n_heads \(6\) must divide d_model \(512\)"),
-    ({"d_model": 32, "n_heads": 4, "n_kv_heads": 3}, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
-    ({"d_model": 32, "n_heads": 0}, r"n_heads must be a positive int, got 0"),
-    ({"d_model": 15, "n_heads": 5, "rope": True}, r"even head_dim, got 3"),
-    ({"d_model": 32, "n_heads": 4, "backend": "fast"}, r"unknown attention backend 'fast'"),
-    ({"d_model": 32, "n_heads": 4, "n_kv_head": 2}, r"'n_kv_head'; did you mean 'n_kv_heads'"),
-], ids=["heads-divide-width", "kv-heads-divide-heads", "zero-heads", "odd-rope-dim",
-        "unknown-backend", "unknown-key"])
-def test_bad_config_names_the_value(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        zoo.build("softmax", **kwargs)
-
-
 def test_unknown_block_name_is_named():
     with pytest.raises(ValueError, match="'softmaxx'; did you mean 'softmax'"):
         zoo.build("softmaxx", d_model=32, n_heads=4)
-
-
-@pytest.mark.parametrize("x, message", [
-    (torch.randn(2, 12, 31, dtype=torch.float64), r"\[B, T, 32\], got \(2, 12, 31\)"),
-    (torch.randn(12, 32, dtype=torch.float64), r"got \(12, 32\)"),
-    (torch.ones(2, 12, 32, dtype=torch.long), "floating-point x, got torch.int64"),
-    (torch.randn(2, 12, 32, dtype=torch.float32), "x is torch.float32 but the weights are"),
-], ids=["width", "rank", "integer", "dtype-mismatch"])
-def test_bad_input_names_shape_or_dtype(x, message):
-    with pytest.raises(ValueError, match=message):
-        make_block()(x)
 
 
 def test_explicit_cuda_backend_on_cpu_raises_with_reason():
     block = make_block(backend="flash_attn")
     with pytest.raises(RuntimeError, match="flash_attn"):
         block(make_x())
-
-
-def test_bf16_autocast_forward_is_close_to_fp32():
-    block = make_block(dtype=torch.float32)
-    x = make_x(dtype=torch.float32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = block(x)
-    torch.testing.assert_close(y.float(), block(x), atol=5e-2, rtol=5e-2)
 
 
 def test_variants_build_and_registry_lists_softmax():

@@ -1,4 +1,8 @@
-"""The Mamba-2 (SSD) block keeps the block contract: causal, cached, rebuildable, budgeted."""
+"""The Mamba-2 (SSD) block: the chunked scan against the recurrence, rank N, its init.
+
+The block contract (causality, decoding, caps, bad input and config) is checked on its
+cases in tests/zoo/test_contract.py.
+"""
 
 import pytest
 import torch
@@ -40,16 +44,6 @@ def test_chunked_block_matches_the_recurrence(conv_backend):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=f"d{name} differs")
 
 
-def test_future_tokens_do_not_change_past_outputs():
-    block = make_block()
-    x = make_x()
-    x2 = x.clone()
-    x2[:, 9:] = torch.randn_like(x2[:, 9:])
-    y, y2 = block(x), block(x2)
-    torch.testing.assert_close(y[:, :9], y2[:, :9], atol=1e-12, rtol=0)
-    assert not torch.allclose(y[:, 9:], y2[:, 9:])
-
-
 def test_output_rebuilt_from_mixing_matrices_and_value_path():
     """y == readout(M @ values, x): readout adds D * x, gates with silu(z), norms, projects."""
     block = make_block(dtype=torch.float32)
@@ -59,19 +53,6 @@ def test_output_rebuilt_from_mixing_matrices_and_value_path():
     assert torch.all(M.triu(1) == 0)
     y = block.readout(M @ block.value_heads(x), x)
     torch.testing.assert_close(y, block(x), atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("backend", ["auto", "chunked", "reference"])
-def test_prefill_then_decode_equals_parallel_forward(backend):
-    """The cache carries the conv state (last d_conv - 1 inputs) and the SSM state."""
-    block = make_block(backend=backend)
-    x = make_x(T=15)
-    cache = block.init_cache(batch=2, max_len=15)
-    pieces = [block(x[:, :5], cache=cache)]  # prefill
-    pieces += [block(x[:, t:t + 1], cache=cache) for t in range(5, 15)]  # one token at a time
-    assert block.backend == f"{'reference' if backend == 'auto' else backend}+reference"
-    torch.testing.assert_close(torch.cat(pieces, dim=1), block(x), atol=1e-12, rtol=1e-10)
-    assert cache.length == 15
 
 
 def test_decode_from_a_short_prefill_uses_the_zero_padded_conv_state():
@@ -97,21 +78,21 @@ def test_past_future_block_has_rank_at_most_N(d_state):
     assert int(rank.min()) >= 2  # not trivially low: the cap is what binds
 
 
-def test_declared_caps_hold_on_random_weights():
+def test_declared_caps_are_the_state_size():
+    """Logits N, value path min(D, d_inner), a state of P x N per head plus the conv's
+    inputs (that the ranks stay within the caps is the contract's,
+    tests/zoo/test_contract.py)."""
     block, T = make_block(), 21
     declared = block.budget(seq_len=T)
-    weights = block.weight_matrices()
-    assert weights["qk"].shape == (4, 16, 16)
-    assert int(torch.linalg.matrix_rank(weights["qk"]).max()) <= declared.logits == 6
-    assert weights["value"].shape == (16, 32)
-    assert int(torch.linalg.matrix_rank(weights["value"])) <= declared.value_path == 16
+    assert block.weight_matrices()["value"].shape == (16, 32)
+    assert declared.logits == 6
+    assert declared.value_path == 16
     cache = block.init_cache(2, T)
     block(make_x(T=T), cache=cache)
     state = block.inference_state(cache)["state"]
     assert state.shape == (2, 4, 8, 6)  # [B, H, P, N]
-    assert int(torch.linalg.matrix_rank(state).max()) <= declared.inference == min(6, 8)
+    assert declared.inference == min(6, 8)
     assert declared.cache_elements == cache.ssm_state[0].numel() + cache.conv_state[0].numel()
-    assert declared.params == sum(p.numel() for p in block.parameters())
 
 
 def test_probe_reads_the_block():
@@ -141,32 +122,6 @@ def test_initialization_follows_mamba2():
     A = -torch.exp(block.A_log)
     assert torch.all((A <= -1.0) & (A >= -16.0))
     assert torch.all(block.D == 1)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"d_state": 0}, r"d_state must be a positive int, got 0"),
-    ({"n_heads": 3}, r"n_heads \(3\) must divide d_inner = expand \* d_model \(2 \* 16 = 32\)"),
-    ({"n_groups": 3}, r"n_groups \(3\) must divide n_heads \(4\)"),
-    ({"dt_min": 0.5, "dt_max": 0.1}, r"dt_min \(0.5\) must not exceed dt_max \(0.1\)"),
-    ({"dt_min": -1.0}, r"dt_min must be a positive number, got -1.0"),
-    ({"backend": "triton"}, r"unknown ssd backend 'triton'"),
-    ({"conv_backend": "fft"}, r"unknown causal_conv backend 'fft'"),
-    ({"d_sate": 8}, r"'d_sate'; did you mean 'd_state'"),
-], ids=["zero-state", "heads-divide-inner", "groups-divide-heads", "dt-range", "negative-dt",
-        "unknown-backend", "unknown-conv-backend", "unknown-key"])
-def test_bad_config_names_the_value(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        zoo.build("ssm", **{"d_model": 16, "n_heads": 4, **kwargs})
-
-
-@pytest.mark.parametrize("x, message", [
-    (torch.randn(2, 12, 15, dtype=torch.float64), r"\[B, T, 16\], got \(2, 12, 15\)"),
-    (torch.ones(2, 12, 16, dtype=torch.long), "floating-point x, got torch.int64"),
-    (torch.randn(2, 0, 16, dtype=torch.float64), "at least one token"),
-], ids=["width", "integer", "empty"])
-def test_bad_input_names_shape_or_dtype(x, message):
-    with pytest.raises(ValueError, match=message):
-        make_block()(x)
 
 
 def test_cache_of_another_configuration_is_refused():

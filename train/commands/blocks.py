@@ -1,7 +1,7 @@
 """`rankzoo blocks`: the zoo's presets side by side, grouped by family and ordered by cache.
 
     doc = blocks_document(d_model=256, n_heads=8, seq_len=1024, cache_dtype="bf16")
-    for table in blocks_tables(doc): console.print(table)
+    for table in blocks_tables(doc): console.print(table)     # train/render/blocks.py
 
 Each preset (a block class's `variants`) is built on the meta device and read through its
 `budget(seq_len)`: the declared caps, its parameters raw and matched (the MLP width that
@@ -10,30 +10,25 @@ gives its layer the parameters of a multi-head softmax layer with a 4 x d_model 
 and the FLOPs of one token, averaged over seq_len (prefill) and the seq_len-th (decode).
 The knobs a preset sets are spelled out per family (`K=16, F=153`) and explained in the
 legend. A preset that cannot be built at the sizes asked gets a row saying why. The cost
-figures and the knobs' meaning are train/commands/pick/__init__.py's, which sizes the same knobs to a budget.
+figures are train/sizing/costs.py's and the knobs' meaning train/sizing/families.py's,
+which `rankzoo pick` reads too to size the same knobs to a budget.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.table import Table
-
 import zoo
 
-from ..experiment.plan import default_d_mlp
-from ..sizing.units import DTYPE_BYTES, dtype_name, format_bytes, format_count
-from .pick import (
-    MLP_RATIO,
-    block_cost,
-    describe,
-    family_order,
-    legend_table,
-    matched_width,
-    reference_layer,
-)
+from ..render.blocks import blocks_tables
+from ..sizing.costs import BUDGET_AXES, MLP_RATIO, block_cost, matched_width, reference_layer
+from ..sizing.families import describe
+from ..sizing.match import default_d_mlp
+from ..sizing.units import DTYPE_BYTES, dtype_name
+from .pick.front import family_order
 
-BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "adapter")
+# blocks_tables: importable from here while its callers move to train/render/blocks.py
+__all__ = ["BUDGET_AXES", "block_row", "blocks_document", "blocks_tables"]
 
 
 def blocks_document(d_model: int, n_heads: int, seq_len: int,
@@ -95,59 +90,3 @@ def block_row(name: str, label: str, kwargs: dict, seq_len: int, dtype: str = "b
             **({"unmatched": why} if why else {}),
             "cache_elements": budget.cache_elements, "cache_bytes": cost.cache_bytes,
             "flops_per_token": budget.flops_per_token, "decode_flops": cost.decode_flops}
-
-
-def blocks_tables(doc: dict) -> list[Table]:
-    """The presets by family (a section each), the presets that cannot be built and why,
-    the knobs' legend, the kernel backends."""
-    ref = doc["reference"]
-    matched = (f"an MHA layer with a {ref['d_mlp']}-wide MLP ({ref['layer_params']:,} "
-               "parameters)" if ref["layer_params"] is not None else
-               "(nothing: MHA cannot be built at these sizes)")
-    table = Table(title=f"rankzoo blocks at d_model={doc['d_model']}, n_heads={doc['n_heads']}, "
-                        f"seq_len={doc['seq_len']}",
-                  caption="declared rank caps per layer (total = value_path + adapter + "
-                          "inference); params: the block's own; d_mlp: the MLP width that "
-                          f"gives its layer the parameters of {matched}; cache: bytes per "
-                          f"sequence at seq_len, one layer, at {doc['cache_dtype']}; FLOPs of "
-                          "one layer per token: averaged over seq_len (prefill) and the "
-                          "seq_len-th token (decode); knobs: see the legend")
-    for col in ("preset", "knobs", *BUDGET_AXES, "total", "params", "d_mlp", "cache",
-                "prefill", "decode"):
-        table.add_column(col, justify="left" if col in ("preset", "knobs") else "right",
-                         no_wrap=col in ("preset", "knobs"))
-    family = None
-    for row in doc["blocks"]:  # a section per family; the preset names its block
-        if family is not None and row["family"] != family:
-            table.add_section()
-        family = row["family"]
-        table.add_row(*_block_cells(row))
-    tables = [table]
-    failed = [row for row in doc["blocks"] if row.get("error")]
-    if failed:  # why a preset is missing
-        why = Table(title="presets that cannot be built at these sizes")
-        why.add_column("preset", no_wrap=True)
-        why.add_column("why")
-        for row in failed:
-            why.add_row(row["variant"], row["error"])
-        tables.append(why)
-    legend = legend_table(list(dict.fromkeys(r["family"] for r in doc["blocks"])))
-    kernels = Table(title="kernel backends on this machine")
-    for col in ("op", "backend", "available"):
-        kernels.add_column(col)
-    for op, backends in doc["backends"].items():
-        for backend, reason in backends.items():
-            kernels.add_row(op, backend, "yes" if reason is None else f"no: {reason}")
-    return [*tables, legend, kernels]
-
-
-def _block_cells(row: dict) -> list[str]:
-    preset = row["variant"]
-    if row.get("error"):
-        return [preset, *("-" for _ in range(len(BUDGET_AXES) + 7))]
-    b = row["budget"]
-    width = row["d_mlp_matched"]
-    return [preset, row["knobs"], *(str(b[a]) for a in BUDGET_AXES), str(b["total"]),
-            f"{row['params']:,}", "-" if width is None else f"{width:,}",
-            format_bytes(row["cache_bytes"]), format_count(row["flops_per_token"]),
-            format_count(row["decode_flops"])]

@@ -19,13 +19,13 @@ loading, so a bad config fails before any training starts.
     finetune: {...}                       # optional: a LoRA stage after training
 
 Modules, each importing only those above it: sections (data, model, train, monitor,
-match), sweep and finetune (their sections), experiment (Experiment, Variant), targets
+match), stages (the sweep and finetune sections), experiment (Experiment, Variant), targets
 (a variant's LoRA targets), parse (dict -> Experiment), load (YAML and overrides). Of the
-rest of train/, the package reads only the leaf modules data, model, lora, plan and io.
+rest of train/, the package reads only the leaf packages data, lm and sizing and the
+run directory's file helpers (train/rundir/files.py).
 """
 
 from .experiment import SECTIONS, Experiment, Variant
-from .finetune import FinetuneConfig, lora_name
 from .load import apply_override, load_experiment, yaml_load
 from .parse import expand_sweep, parse_experiment
 from .sections import (
@@ -37,7 +37,7 @@ from .sections import (
     check_data_keys,
     parse_section,
 )
-from .sweep import SELECT_MODES, SWEEP_AXES, SweepConfig, run_name
+from .stages import SELECT_MODES, SWEEP_AXES, FinetuneConfig, SweepConfig, lora_name, run_name
 from .targets import linear_names, variant_targets
 
 __all__ = ["SECTIONS", "SELECT_MODES", "SWEEP_AXES", "DataConfig", "Experiment",

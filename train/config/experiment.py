@@ -9,9 +9,8 @@ from typing import Any
 
 from zoo.config import StrictConfig
 
-from .finetune import FinetuneConfig
 from .sections import DataConfig, MatchConfig, ModelConfig, MonitorConfig, TrainConfig
-from .sweep import SweepConfig
+from .stages import FinetuneConfig, SweepConfig
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ from typing import Any
 import zoo
 from zoo.config import require, unknown_key_error
 
-from ..experiment.plan import matched_states, matched_widths
+from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
-from .finetune import FINETUNE_KEYS, FinetuneConfig, lora_name
 from .sections import DataConfig, TrainConfig, check_data_keys, parse_section
-from .sweep import SweepConfig, run_name
+from .stages import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_name, run_name
 from .targets import linear_names, variant_targets
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

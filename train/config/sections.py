@@ -126,8 +126,8 @@ def check_data_keys(raw: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class MatchConfig(StrictConfig):
     """Matching against the first (reference) variant, each within `tolerance`:
-    state: size each variant's state knob (train/experiment/plan.py STATE_KNOBS: n_kv_heads, window,
-    feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements per sequence at
+    state: size each variant's state knob (train/sizing/match.py STATE_KNOBS: n_kv_heads,
+    window, feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements per sequence at
     data.seq_len match; the matched value overrides one written in the variant.
     params: then size each variant's MLP so its total parameter count matches."""
 
@@ -254,7 +254,7 @@ class MonitorConfig(StrictConfig):
     probe_size: int = 8  # validation examples in the fixed probe batch
     # their first tokens, at most: exact spectra cost T^3 per head (a step ~T), so at
     # width 512 x 8 layers x T = 1024 a probe of 512 tokens took 21% of the training time
-    # and one of 256 keeps it under the monitor's 5% (README)
+    # and one of 256 keeps it under the monitor's 5% (docs/CONFIG.md, "monitor")
     probe_len: int = 256
     histograms: bool = True
 

@@ -1,6 +1,6 @@
 """The LoRA fine-tuning stage: adapt pretrained variants to a second task, sweeping r.
 
-The `finetune` section (train/config/finetune.py) names the variants, the ranks r, the
+The `finetune` section (train/config/stages.py) names the variants, the ranks r, the
 targets and the second task. After the variants train, each base checkpoint
 runs/<exp>/<variant>/checkpoints/last.ckpt is loaded, adapters are attached
 (train/lm/lora.py) and only they train, on the new task, through train/harness/fit.py's fit_run.
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
-from rich.table import Table
 
 import budgets
 
@@ -29,12 +27,13 @@ from ..data import IGNORE, accuracy
 from ..harness.fit import RunSpec, fit_run, is_global_zero
 from ..harness.module import LMModule
 from ..lm.lora import attach_lora
+from ..render.finetune import finetune_table
 from ..rundir.files import read_yaml, write_json
 from ..rundir.read import finite_metrics, last_record
 
 SUMMARY_FILE = "finetune.json"
 __all__ = ["SUMMARY_FILE", "finetune_experiment", "finetune_variant", "lora_name",
-           "summarize", "summary_table"]
+           "summarize"]
 
 
 def finetune_experiment(exp: Experiment, exp_dir: Path, resume: bool = False,
@@ -59,7 +58,7 @@ def finetune_experiment(exp: Experiment, exp_dir: Path, resume: bool = False,
     if is_global_zero():
         summary = summarize(exp, Path(exp_dir))
         write_json(Path(exp_dir) / SUMMARY_FILE, summary)
-        console.print(summary_table(summary))
+        console.print(finetune_table(summary))
     return entries
 
 
@@ -200,24 +199,3 @@ def summary_row(vdir: Path) -> dict:
 
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
-
-
-def summary_table(summary: dict) -> Table:
-    table = Table(title=f"LoRA fine-tunes: {summary['experiment']} (adapter rank: mean over "
-                        f"adapted modules; rank_eps at eps {summary['eps']:g})")
-    for col in ("variant", "r", "modules", "numerical rank", "max", "erank", "rank_eps",
-                "zero-shot acc", "val/accuracy", "val/loss"):
-        table.add_column(col, justify="left" if col == "variant" else "right")
-    for variant, rows in summary["variants"].items():
-        for row in rows:
-            m = row["metrics"]
-            table.add_row(variant, str(row["r"]), str(row["adapted"]),
-                          _fmt(row["numerical_rank_mean"]), _fmt(row["numerical_rank_max"], "g"),
-                          _fmt(row["erank_mean"]), _fmt(row["rank_eps_mean"]),
-                          _fmt(row["zero_shot"].get("val/accuracy")),
-                          _fmt(m.get("val/accuracy")), _fmt(m.get("val/loss")))
-    return table
-
-
-def _fmt(x: Any, spec: str = ".3g") -> str:
-    return "-" if x is None else format(x, spec)

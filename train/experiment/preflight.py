@@ -55,7 +55,7 @@ from zoo.ops.registry import BackendUnavailable
 from ..config import Experiment
 from ..data import make_splits
 from ..lm.decoder import build_model
-from .plan import count_params, default_d_mlp
+from ..sizing.match import count_params, default_d_mlp
 
 NOTES_FILE = "notes.txt"  # runs/<experiment>/notes.txt: the warnings of the run's preflight
 # The longest sequence preflight runs a model on. Chunked kernels pad to chunks of 64: at a

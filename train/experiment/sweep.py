@@ -17,16 +17,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from ..config import SELECT_MODES, Experiment, parse_experiment
+from ..render.sweep import sweep_markdown, sweep_table  # noqa: F401  re-export
 from ..rundir.files import read_yaml, write_json
 from ..rundir.read import EXPERIMENT_FILE
 
 SWEEP_FILE = "sweep.json"
 __all__ = ["best_runs", "run_summary", "summarize", "sweep_markdown", "sweep_table",
            "write_summary"]
-RANK_COLUMNS = ("mixing", "value_path", "inference", "adapter")
 
 
 def realized_by_axis(variant_report: dict) -> dict[str, float]:
@@ -120,60 +118,6 @@ def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     """Key-wise mean over the dicts that have the key."""
     keys = dict.fromkeys(k for d in dicts for k in d)
     return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
-
-
-def _lr_cell(lrs: list[dict], best: float | None) -> str:
-    """'0.001 2.31 · 0.003 2.05* · 0.01 failed': the score at each lr, the winner starred."""
-    cells = []
-    for entry in lrs:
-        score = "failed" if entry["mean"] is None else f"{entry['mean']:.4g}"
-        cells.append(f"{entry['lr']:g} {score}{'*' if entry['lr'] == best else ''}")
-    return " · ".join(cells)
-
-
-def sweep_table(summary: dict[str, Any]) -> Table:
-    """One row per variant and optimizer: the best lr, its scores and realized ranks."""
-    table = Table(title=f"sweep: best lr per variant and optimizer on {summary['select']} "
-                        f"({'lower' if summary['mode'] == 'min' else 'higher'} is better, "
-                        "mean over seeds)",
-                  caption="ranks: realized rank_eps per axis and centered mixing erank (erank "
-                          "Pc), mean over layers and over the best lr's seeds; failed: a "
-                          "seed diverged or left no result")
-    axes = [a for a in RANK_COLUMNS if any(a in g.get("realized", {}) for g in summary["groups"])]
-    for col in ("variant", "optimizer", "best lr", "score", "± std", "val/accuracy",
-                *axes, "erank Pc", "score by lr"):
-        table.add_column(col, justify="left" if col in ("variant", "optimizer",
-                                                        "score by lr") else "right")
-    for g in summary["groups"]:
-        best = g["best_lr"]
-        realized, metrics = g.get("realized", {}), g.get("metrics", {})
-        table.add_row(
-            g["variant"], g["optimizer"], "-" if best is None else f"{best:g}",
-            _fmt(metrics.get(summary["select"])), _fmt(g.get("std")),
-            _fmt(metrics.get("val/accuracy")),
-            *(_fmt(realized.get(axis)) for axis in axes),
-            _fmt(realized.get("mixing_centered_erank")), _lr_cell(g["lrs"], best))
-    return table
-
-
-def sweep_markdown(summary: dict[str, Any]) -> str:
-    """The sweep table as Markdown, for report.md."""
-    cols = ("variant", "optimizer", "best lr", summary["select"], "val/accuracy",
-            *RANK_COLUMNS[:3], "erank Pc", "score by lr")
-    lines = [f"## Sweep: best lr per variant and optimizer on {summary['select']}", "",
-             "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for g in summary["groups"]:
-        realized, metrics = g.get("realized", {}), g.get("metrics", {})
-        cells = [g["variant"], g["optimizer"], _fmt(g["best_lr"]),
-                 _fmt(metrics.get(summary["select"])), _fmt(metrics.get("val/accuracy")),
-                 *(_fmt(realized.get(a)) for a in RANK_COLUMNS[:3]),
-                 _fmt(realized.get("mixing_centered_erank")), _lr_cell(g["lrs"], g["best_lr"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
 
 
 def write_summary(exp_dir: Path, summary: dict[str, Any]) -> Path:

@@ -1,6 +1,7 @@
 """Benchmarks of the training harness: figures measured in one run, as ratios.
 
-    python -m train.harness.bench_monitor monitor [--config configs/quick.yaml] [--variant mha] [--steps N]
+    python -m train.harness.bench_monitor monitor [--config configs/quick.yaml]
+        [--variant mha] [--steps N]
 
 `monitor` trains one variant of the config twice in this process, with the same seed,
 data and data order: once without the RankMonitor and once with it at the config's
@@ -25,9 +26,9 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
-from rich.table import Table
 
 from ..config import Experiment, load_experiment
+from ..render.table import TableSpec, columns, to_rich
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
 from .fit import quiet_lightning, seeded_data
 from .module import LMModule
@@ -103,14 +104,14 @@ def bench_monitor(args: argparse.Namespace, console: Console) -> dict:
     diff_pct = 100 * (with_ - without) / without
     inside_pct = 100 * timed.seconds / without
 
-    table = Table(title=f"RankMonitor overhead: {variant}, {steps} steps, probe every "
-                        f"{interval} steps ({exp.monitor.probe_size} examples)")
-    table.add_column("fit", no_wrap=True)
-    for column in ("seconds", "probes", "seconds in monitor"):
-        table.add_column(column, justify="right")
-    table.add_row("without monitor", f"{without:.1f}", "0", "-")
-    table.add_row("with monitor", f"{with_:.1f}", str(timed.calls), f"{timed.seconds:.2f}")
-    console.print(table)
+    table = TableSpec(
+        title=f"RankMonitor overhead: {variant}, {steps} steps, probe every {interval} "
+              f"steps ({exp.monitor.probe_size} examples)",
+        columns=columns("fit", "seconds", "probes", "seconds in monitor",
+                        numeric=("seconds", "probes", "seconds in monitor")),
+        rows=[("without monitor", f"{without:.1f}", "0", "-"),
+              ("with monitor", f"{with_:.1f}", str(timed.calls), f"{timed.seconds:.2f}")])
+    console.print(to_rich(table))
     verdict = "within" if max(diff_pct, inside_pct) <= TARGET_PERCENT else "over"
     console.print(f"overhead (fit difference): {diff_pct:+.1f}%", highlight=False)
     console.print(f"overhead (time in monitor): {inside_pct:.1f}% "
@@ -122,7 +123,8 @@ def bench_monitor(args: argparse.Namespace, console: Console) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.harness.bench_monitor", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m train.harness.bench_monitor",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
     monitor = sub.add_parser("monitor", help="RankMonitor overhead on one variant's training")

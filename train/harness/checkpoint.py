@@ -8,7 +8,8 @@ streams, and run files holding only what the uninterrupted run would. So:
   (TensorBoard flushed; at a step that validates, after the validation), through a
   temporary file and os.replace, so a kill mid-write leaves the previous checkpoint. It
   stores the RNG states and the step's metrics beside Lightning's state, and on loading
-  moves the train sampler (train/data/__init__.py EpochBatches) to step k and restores the RNG.
+  moves the train sampler (train/data/loaders.py EpochBatches) to step k and restores
+  the RNG.
 - TrainScalars logs the train/* scalars (the module logs them with logger=False)
   before the checkpoint: Lightning would log them after its checkpoint callbacks ran.
 - On resume, train/harness/fit.py drops what the killed process wrote after the checkpoint:

@@ -50,8 +50,8 @@ class LMModule(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
         self._check_finite(loss)
-        # logger=False: train/harness/checkpoint.py's TrainScalars writes them to TensorBoard, before
-        # the step's checkpoint (Lightning would write them after it)
+        # logger=False: train/harness/checkpoint.py's TrainScalars writes them to
+        # TensorBoard, before the step's checkpoint (Lightning would write them after it)
         self.log("train/loss", loss, prog_bar=True, logger=False)
         aux = self._aux_loss()
         if aux is not None:  # logged apart, so train/loss stays comparable across variants

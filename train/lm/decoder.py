@@ -147,7 +147,8 @@ def build_model(config: dict[str, Any]) -> DecoderLM:
     data, model, block = config["data"], config["model"], dict(config["block"])
     name = block.pop("name")
     return DecoderLM(
-        # a fine-tune (train/experiment/finetune.py) keeps its base model's sizes in the model section
+        # a fine-tune (train/experiment/finetune.py) keeps its base model's sizes in the
+        # model section
         vocab_size=model.get("vocab_size", data["vocab_size"]), d_model=model["d_model"],
         n_layers=model["n_layers"], block=name, block_kwargs=block,
         mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],

@@ -31,6 +31,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
 from ..rundir.read import is_variant_dir, rank_records, variant_dirs
+from .heads import HEAD_CLASSES
 from .recall import recall_figure, recall_view
 
 SPECTRUM_QUANTITIES = ("mixing_centered", "past_future", "qk", "value", "out")
@@ -40,7 +41,6 @@ MAX_PIXELS = (2400, 3000)    # (width, height) bound of every figure at DPI
 PANEL_INCHES = (2.9, 2.3)    # a grid panel's size before the bound shrinks it
 # the report's axes, by part: pretrain (mixing .. out = W_O), adapter, inference
 PLOT_AXES = ("mixing", "logits", "value_path", "out", "adapter", "inference")
-HEAD_CLASSES = ("dead", "sink", "local", "rank-1", "broad")
 CLASS_COLOURS = ("#9e9e9e", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c")  # HEAD_CLASSES order
 
 

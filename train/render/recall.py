@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
+
+from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 KV_METRIC = re.compile(r"^val/accuracy/kv(\d+)$")
 CACHE_BYTES = 2  # bf16: what a cache is usually kept in, whatever the training precision
@@ -142,41 +147,43 @@ def _cells(view: dict, r: dict) -> list[str]:
     carried = "-" if r["carried"] is None else f"{r['carried']} / {r['cap']}"
     learned = {True: "yes", False: "no", None: "-"}[r["learned"]]
     return [r["variant"], r["block"], carried, _fmt_bytes(r["cache_bytes"]),
-            *(f"{r['accuracy'][n]:.2f}" if n in r["accuracy"] else "-" for n in view["counts"]),
+            *(fmt(r["accuracy"].get(n), ".2f") for n in view["counts"]),
             learned]
 
 
 HEADERS = ("variant", "block", "carried / cap", "cache")
-
-
-def recall_table(view: dict) -> Table:
-    table = Table(title="recall vs capacity", caption=view["sentence"], box=box.SIMPLE_HEAD)
-    for h in HEADERS:
-        table.add_column(h, justify="left" if h in ("variant", "block") else "right")
-    for n in view["counts"]:
-        table.add_column(f"acc@{n}", justify="right")
-    table.add_column("learned", justify="right")
-    for r in view["rows"]:
-        table.add_row(*_cells(view, r))
-    return table
-
-
 LEGEND = ("carried = past->future rank_eps realized on the probe (largest sample, head and "
           "layer) / its declared cap; cache = bytes per sequence at the probe's length, all "
           "layers, bf16; acc@n = validation accuracy with n key-value pairs")
 
 
+def recall_spec(view: dict) -> TableSpec:
+    """One row per variant; the terminal's caption is the view's sentence, the Markdown's
+    legend explains the columns (the sentence follows its table)."""
+    numbers = (*HEADERS[2:], *(f"acc@{n}" for n in view["counts"]), "learned")
+    return TableSpec(
+        title="recall vs capacity", heading="Recall vs capacity",
+        columns=(*(Column(h) for h in HEADERS[:2]),
+                 *(Column(h, numeric=True, wrap=True) for h in numbers)),
+        rows=[_cells(view, r) for r in view["rows"]], legend=view["sentence"],
+        markdown_legend=LEGEND)
+
+
+def recall_table(view: dict) -> Table:
+    return to_rich(recall_spec(view), **{**BOXED, "box": box.SIMPLE_HEAD})
+
+
 def recall_markdown(view: dict) -> str:
-    heads = [*HEADERS, *(f"acc@{n}" for n in view["counts"]), "learned"]
-    lines = ["## Recall vs capacity", "", LEGEND + ".", "",
-             "| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
-    lines += ["| " + " | ".join(_cells(view, r)) + " |" for r in view["rows"]]
-    return "\n".join([*lines, "", view["sentence"]]) + "\n"
+    return to_markdown(recall_spec(view)) + "\n" + view["sentence"] + "\n"
 
 
 def recall_figure(view: dict) -> Figure:
     """Accuracy per number of pairs (left) and at the largest number against the carried
     rank (right, the dashed line at rank = pairs)."""
+    # matplotlib only where a figure is drawn: the table and report.md (every `rankzoo
+    # report`) do without it
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(10, 4), layout="constrained")
     left, right = fig.subplots(1, 2)
     n = view["counts"][-1]

@@ -17,8 +17,8 @@ import yaml
 from budgets.schema import ANY, Int, MapOf, Maybe, Number, Record, check, read_text
 
 # What the readers of a run directory take from its YAML files (train/rundir/read.py,
-# train/experiment/stages.py, train/experiment/finetune.py, train/experiment/sweep.py); everything else is compared or parsed
-# by the experiment parser, which names its own errors.
+# train/experiment/stages.py, train/experiment/finetune.py, train/experiment/sweep.py);
+# everything else is compared or parsed by the experiment parser, which names its own errors.
 SECTION = Maybe(dict)
 EXPERIMENT_YAML = Record({}, {"variants": Maybe(MapOf(ANY)),
                               **dict.fromkeys(("data", "model", "train", "monitor", "match",

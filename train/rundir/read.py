@@ -1,7 +1,8 @@
-"""Reading finished runs back: report.json files, ranks.jsonl, the variant summary.
+"""Reading finished runs back: report.json files, ranks.jsonl, the runs' statuses.
 
 Nothing here imports Lightning and nothing here writes: `rankzoo report` uses it to read
-a run directory without touching it.
+a run directory without touching it. The variant summary and report.md are drawn by
+train/render/summary.py and train/render/document.py (their names re-exported here).
 """
 
 from __future__ import annotations
@@ -12,22 +13,19 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 import budgets
 from budgets.report import RANK_RECORD
 from budgets.schema import check, read_text
 
 from ..config.sections import DataConfig, parse_section
-from ..render import to_markdown
-from ..render.recall import recall_markdown, recall_view
+from ..render.document import report_markdown  # noqa: F401  re-export
+from ..render.summary import summary_markdown, summary_table  # noqa: F401  re-export
 from .files import read_yaml
 from .status import describe_status, read_status, run_status, status_notes
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
 VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
 DIVERGED_FILE = "diverged.txt"  # a sweep run whose loss went NaN (status.json says so too)
-SUMMARY_METRICS = ("val/accuracy", "val/loss", "train/loss")
 
 
 def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -87,9 +85,9 @@ def run_config(vdir: Path) -> dict[str, Any]:
 
 
 def config_baseline(config: dict[str, Any]) -> dict | None:
-    """The task baseline (train/data/__init__.py, the specs' `baseline`) of a resolved run config:
-    its data section and seed, as config.yaml records them; None when they are missing or
-    no longer parse."""
+    """The task baseline (the data specs' `baseline`, train/data/mqar.py and
+    train/data/markov.py) of a resolved run config: its data section and seed, as
+    config.yaml records them; None when they are missing or no longer parse."""
     data, seed = config.get("data"), config.get("seed")
     if not isinstance(data, dict) or not isinstance(seed, int) or isinstance(seed, bool):
         return None
@@ -282,40 +280,3 @@ def _why_none(run_dir: Path) -> str:
         return ""
     runs = "1 run" if len(diverged) == 1 else f"{len(diverged)} runs"
     return f"; {runs} diverged (e.g. {diverged[0]})"
-
-
-SUMMARY_COLUMNS = ("variant", "step", "params", "budget total", "final Hc", *SUMMARY_METRICS)
-
-
-def _summary_cells(v: dict) -> list[str]:
-    """variant, step, parameters, declared total, the final hidden states' centered erank
-    (pooled over the probe batch), then the headline metrics."""
-    m, final = v.get("metrics", {}), v.get("final_hidden_centered_erank")
-    return [v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
-            "-" if final is None else f"{final:.2f}",
-            *("-" if k not in m else f"{m[k]:.4g}" for k in SUMMARY_METRICS)]
-
-
-def summary_table(report: dict) -> Table:
-    """One row per variant (see _summary_cells)."""
-    table = Table(title=f"variants: {report.get('experiment') or '(unnamed)'}",
-                  caption="final Hc: centered erank of the hidden states the output head "
-                          "reads, pooled over the probe batch")
-    for col in SUMMARY_COLUMNS:
-        table.add_column(col, justify="left" if col == "variant" else "right")
-    for v in report["variants"]:
-        table.add_row(*_summary_cells(v))
-    return table
-
-
-def summary_markdown(report: dict) -> str:
-    lines = ["## Variants", "", "| " + " | ".join(SUMMARY_COLUMNS) + " |",
-             "|" + "|".join("---" for _ in SUMMARY_COLUMNS) + "|"]
-    lines += ["| " + " | ".join(_summary_cells(v)) + " |" for v in report["variants"]]
-    return "\n".join(lines) + "\n"
-
-
-def report_markdown(report: dict) -> str:
-    view = recall_view(report)  # MQAR runs: recall against the state each variant carries
-    tail = "" if view is None else "\n" + recall_markdown(view)
-    return to_markdown(report) + "\n" + summary_markdown(report) + tail

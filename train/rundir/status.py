@@ -138,8 +138,9 @@ REPORT_STATES = ("finished", "stopped", "diverged")  # a report entry's status["
 @dataclass(frozen=True)
 class LearnedMargins:
     """When a run counts as having learned something: its validation figure must beat the
-    task's baseline (train/data/__init__.py, the specs' `baseline`) by a fraction of the distance
-    from that baseline to a perfect model, so the margin scales with the task.
+    task's baseline (the data specs' `baseline`, train/data/mqar.py and train/data/markov.py)
+    by a fraction of the distance from that baseline to a perfect model, so the margin
+    scales with the task.
 
     MQAR: val/accuracy > plateau + mqar_fraction x (1 - plateau). The plateau, 1/n, is a
     value copied from the context without its key; a model that guesses the i-th query's

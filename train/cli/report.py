@@ -1,0 +1,229 @@
+"""`rankzoo report`: declared vs realized ranks of a finished run, or (--hf) of a Hugging
+Face causal LM probed on a text; `print_report` is also how `rankzoo train` ends."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from ..experiment.sweep import run_summary
+from ..rundir.read import load_run
+from .common import (
+    BAD_INPUT,
+    add_format,
+    add_hf_model,
+    add_plot,
+    as_flags_error,
+    check_plot_dir,
+    flag,
+    one_source_error,
+    only_with_hf,
+    positive_int,
+    print_notes,
+    show_progress,
+)
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("report", help="declared vs realized ranks of a finished run, or of a "
+                                      "Hugging Face causal LM (--hf)")
+    r.add_argument("run_dir", nargs="?",
+                   help="runs/<experiment> (all variants) or one variant directory")
+    add_hf_model(r)
+    r.add_argument("--text", metavar="FILE", help="with --hf: the text the probe batch is cut from")
+    r.add_argument("--seq-len", type=positive_int, default=128,
+                   help="with --hf: tokens per probe sequence (128)")
+    r.add_argument("--probe-size", type=positive_int, default=4,
+                   help="with --hf: sequences in the probe batch (4)")
+    r.add_argument("--adapter", metavar="DIR",
+                   help="with --hf: a PEFT LoRA adapter (save_pretrained directory) applied "
+                        "to the model; its ranks fill the adapter axis")
+    for dest, (metavar, text) in HF_PROBE_OPTIONS.items():
+        r.add_argument(flag(dest), dest=dest, metavar=metavar, default=argparse.SUPPRESS,
+                       help=f"with --hf: {text}")
+    add_format(r, md=True)
+    add_plot(r, "PNG figures")
+
+
+# --hf's probe options, parsed from text in check_args so that a bad value reads
+# `rankzoo: error: --flag VALUE: ...`. Absent when not given (SUPPRESS): probe_hf's defaults
+# apply, and "only with --hf" is "present".
+HF_PROBE_OPTIONS = {  # dest -> (metavar, help)
+    "device": ("{cpu,cuda,auto}", "where the forward pass and the measurements run (auto, the "
+                                  "default: cuda when available)"),
+    "dtype": ("{float32,bfloat16,float16}", "dtype of the forward pass (float32); the metrics "
+                                            "are computed in fp32/fp64 either way"),
+    "eps": ("EPS", "energy threshold of rank_eps, 0 < EPS < 1 (0.1)"),
+    "layers": ("LIST", "measure only these layers, e.g. 0,5,10-12 (all)"),
+    "matfree_from": ("T", "from this probe length on, measure attention matrix-free, never "
+                          "forming a T x T matrix (2048); 'never': always exactly"),
+    "k_max": ("K", "matrix-free: the most singular values sought per head (64)"),
+}
+
+
+def _eps(text: str) -> float:
+    try:
+        eps = float(text)
+    except ValueError:
+        raise ValueError("expected a number between 0 and 1") from None
+    if not 0.0 < eps < 1.0:
+        raise ValueError("expected 0 < eps < 1")
+    return eps
+
+
+def _layer_list(text: str) -> list[int]:
+    """`0,5,10-12` -> [0, 5, 10, 11, 12] (sorted, each once); the model checks the range."""
+    layers: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"expected layer indices and ranges like 0,5,10-12, got {part!r}")
+        lo, hi = int(first), int(last or first)
+        if hi < lo:
+            raise ValueError(f"the range {part!r} runs backwards")
+        layers.update(range(lo, hi + 1))
+    return sorted(layers)
+
+
+def _matfree_from(text: str) -> int | None:
+    return None if text == "never" else positive_int(text)
+
+
+HF_PROBE_PARSERS = {"eps": _eps, "layers": _layer_list, "matfree_from": _matfree_from,
+                    "k_max": positive_int}
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exactly one source: a run directory, or --hf PATH with --text FILE; the probe
+    options only with --hf, each parsed from its text."""
+    problem = one_source_error("report", args.run_dir, args.hf)
+    if problem is not None:
+        p.error(problem)
+    if args.hf is not None and args.text is None:
+        p.error(f"--hf {args.hf} needs --text FILE (the text the probe batch is cut from)")
+    for dest in ("text", "adapter", *HF_PROBE_OPTIONS):
+        if args.hf is None and getattr(args, dest, None) is not None:
+            p.error(only_with_hf(dest, getattr(args, dest)))
+    for dest in HF_PROBE_OPTIONS:
+        if hasattr(args, dest):
+            text = getattr(args, dest)
+            try:
+                setattr(args, dest, HF_PROBE_PARSERS.get(dest, str)(text))
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                p.error(f"{flag(dest)} {text}: {e}")
+
+
+# ---------------------------------------------------------------- a run
+
+def cmd_report(args, out: Console) -> int:
+    if args.hf is not None:
+        return _report_hf(args, out)
+    notes: list[str] = []
+    report = load_run(args.run_dir, notes=notes)
+    print_notes(notes)
+    sweep = run_summary(args.run_dir, report)  # None unless the experiment is a sweep
+    if args.plot:
+        _plot(args.run_dir, report, args.plot)
+    print_report(report, sweep, args.format, out, advice=True)
+    return 0
+
+
+def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
+                 advice: bool = False) -> None:
+    """The report as one JSON document (the sweep summary under "sweep"), Markdown, or
+    tables (the sweep's after the variants'; then the advice, if asked)."""
+    import budgets
+
+    from ..experiment.sweep import sweep_markdown, sweep_table
+    from ..render import render_advice, render_table
+    from ..render.recall import recall_table, recall_view
+    from ..rundir.read import report_markdown, summary_table
+
+    view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
+    if fmt == "json":
+        extra = {**({"sweep": sweep} if sweep is not None else {}),
+                 **({"recall": view} if view is not None else {})}
+        print(budgets.to_json({**report, **extra}))
+    elif fmt == "md":
+        print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
+    else:
+        out.print(render_table(report))
+        out.print(summary_table(report))
+        if sweep is not None:
+            out.print(sweep_table(sweep))
+        if view is not None:
+            out.print(recall_table(view))
+        if advice:
+            out.print(render_advice(report))
+
+
+def _plot(run_dir: str, report: dict, out_dir: str) -> None:
+    from ..render.plots import write_plots
+
+    written, notes = write_plots(run_dir, report, out_dir)
+    print_notes(notes)
+    print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- a Hugging Face model
+
+def _report_hf(args, out: Console) -> int:
+    import budgets
+    from budgets.hf import build_hf_report
+
+    from ..render import hf_report_markdown, render_advice, render_hf_table, render_table
+
+    if args.plot:
+        check_plot_dir(args.plot)
+    name, entry = _probe_hf(args)
+    report = build_hf_report(name, entry)
+    if args.plot:
+        _plot_hf(name, entry, report, args.plot)
+    if args.format == "json":
+        print(budgets.to_json(report))
+    elif args.format == "md":
+        print(hf_report_markdown(report), end="")
+    else:
+        out.print(render_table(report))
+        out.print(render_hf_table(report))  # no training: no variant summary to show
+        out.print(render_advice(report))
+    return 0
+
+
+def _probe_hf(args) -> tuple[str, dict]:
+    """probe_hf on the flags, its progress on stderr; its notes on stderr (even when it
+    fails after them), its errors with `param=value` put as `--flag value`."""
+    from ..hf import probe_hf
+
+    notes: list[str] = []
+    options = {dest: getattr(args, dest) for dest in HF_PROBE_OPTIONS if hasattr(args, dest)}
+    options.setdefault("device", "auto")  # the library defaults to cpu; a user wants speed
+    try:
+        return probe_hf(args.hf, args.text, seq_len=args.seq_len, probe_size=args.probe_size,
+                        with_spectra=bool(args.plot), adapter=args.adapter, notes=notes,
+                        progress=_show_progress, **options)
+    except BAD_INPUT as e:
+        raise as_flags_error(e) from None
+    finally:
+        print_notes(notes)
+
+
+def progress_line(p) -> str:
+    """A budgets.ProbeProgress for people: `layer 11 · 12/30 measured · 14.2 s · ETA 21 s`."""
+    return (f"layer {p.layer} · {p.done}/{p.total} measured · {p.elapsed:.1f} s · "
+            f"ETA {p.eta:.0f} s")
+
+
+def _show_progress(p) -> None:
+    show_progress(progress_line(p), last=p.done == p.total)
+
+
+def _plot_hf(name: str, entry: dict, report: dict, out_dir: str) -> None:
+    from ..render.plots import write_probe_plots
+
+    written, notes = write_probe_plots(name, entry, report, out_dir)
+    for note in notes:  # stderr: stdout stays one JSON document with --format json
+        print(f"rankzoo: {note}", file=sys.stderr)
+    print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)

@@ -1,0 +1,73 @@
+"""`rankzoo train`: train the side-by-side variants of an experiment (or, with --dry-run,
+show their matched sizes and stop). Lightning is imported only here, and only past the
+dry run, so the other verbs start fast."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+
+from ..config import load_experiment
+from ..experiment.plan import plan_document, plan_table
+from ..experiment.sweep import summarize
+from ..harness.devices import check_experiment
+from .common import add_format, console
+from .report import print_report
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("train", help="train the side-by-side variants of an experiment")
+    t.add_argument("config", help="experiment YAML, e.g. configs/quick.yaml")
+    t.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides parsed as YAML, e.g. train.max_steps=100")
+    t.add_argument("--runs-dir", default="runs", help="parent of the run directory (runs)")
+    mode = t.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true",
+                      help="delete an existing run directory of this experiment and redo it")
+    mode.add_argument("--resume", action="store_true",
+                      help="continue each variant from its checkpoints/last.ckpt")
+    add_format(t, help="json: print the final report as one JSON document on stdout")
+    t.add_argument("--dry-run", action="store_true",
+                   help="print the matched table (parameters, declared budget, costs per "
+                        "variant) and stop: no training, the run directory is not touched")
+
+
+def take_overrides(args, extra: list[str]) -> bool:
+    """key=value overrides may come after options too: argparse leaves them unknown."""
+    if not all("=" in e and not e.startswith("-") for e in extra):
+        return False
+    args.overrides = [*args.overrides, *extra]
+    return True
+
+
+def cmd_train(args, out: Console) -> int:
+    exp = load_experiment(args.config, args.overrides)  # fails before Lightning is imported
+    check_experiment(exp)  # the device settings on this machine, by a dry run too
+    if args.dry_run:
+        return _dry_run(exp, args.format, out)
+    # Lightning, imported here only: `blocks`, `report` and a dry run start without it
+    from ..experiment.stages import train_experiment
+    from ..harness.module import NonFiniteLoss
+
+    try:
+        report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
+                                  resume=args.resume, console=console(stderr=True))
+    except NonFiniteLoss as e:  # a diverged run is not a crash: say which, keep what is saved
+        print(f"rankzoo: error: {e}", file=sys.stderr)
+        return 1
+    if report is None:  # a non-zero rank of a distributed run: rank zero reports
+        return 0
+    summary = summarize(exp, report) if exp.sweep is not None else None
+    print_report(report, summary, args.format, out, advice=True)  # as `report` ends
+    return 0
+
+
+def _dry_run(exp, fmt: str, out: Console) -> int:
+    doc = plan_document(exp)
+    if fmt == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        out.print(plan_table(doc))
+    return 0

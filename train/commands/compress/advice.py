@@ -1,0 +1,123 @@
+"""The report's advice that compress checks: the ranks it advises, per slot and head.
+
+    prediction = zoo_prediction(vdir, target, nbytes, notes)   # from the run's report
+    prediction = hf_prediction(target, cal, eps, nbytes, T, command)   # as `report --hf`
+
+A prediction is {"ranks": {slot key: [r per head]}, "seq_len": T, "advised", "withheld",
+"source"}: the KV advice's rank_eps_max per KV head rounded up (budgets/advice.py
+kv_option); for MLA, linear attention and SSMs, which get no KV advice, the ranks their
+inference row measured.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from budgets.advice import KEY_LABEL, kv_option
+
+from .calibrate import Calibration
+from .hf_surgery import HFTarget
+from .options import key_label
+from .zoo_surgery import ZooTarget
+
+# the report's inference row whose rank a state family's implied ranks come from
+STATE_ROWS = {"mla": "inference.latent", "linear": "inference.state", "ssm": "inference.state"}
+
+
+def _ceil(x: float) -> int:
+    return math.ceil(x - 1e-9)  # rank_eps is an integer; guard float noise (as verdicts)
+
+
+def zoo_prediction(vdir: Path, target: ZooTarget, nbytes: int, notes: list[str]) -> dict | None:
+    """The ranks the run's report advises per slot and head (the KV advice's rank_eps_max
+    per KV head, rounded up; for MLA, linear attention and SSMs, which get no KV advice,
+    the ranks their inference row measured), with the report's T; None when the report
+    lacks the figures (said in notes)."""
+    from ...rundir.read import load_run
+
+    try:
+        report = load_run(vdir)
+    except (ValueError, FileNotFoundError) as e:
+        notes.append(f"no report to check: {e}")
+        return None
+    variant = report["variants"][0]
+    T = int(variant["seq_len"])
+    withheld = next((a["text"] for a in report.get("advice", [])
+                     if a["kind"] == "no_advice" and a.get("variant") == variant["variant"]),
+                    None)
+    found = (_kv_ranks(report, variant, T, target, nbytes, notes) if target.family == "kv"
+             else _state_ranks(variant, T, target, notes))
+    if found is None:
+        return None
+    ranks, advised, source = found
+    if set(ranks) != {s.key for s in target.slots}:
+        notes.append("the report's layers do not match the model's: no advice to check")
+        return None
+    return {"ranks": ranks, "seq_len": T, "advised": advised,
+            "withheld": withheld, "source": source}
+
+
+def _kv_ranks(report: dict, variant: dict, T: int, target: ZooTarget, nbytes: int,
+              notes: list[str]) -> tuple[dict, bool, str] | None:
+    """(ranks, advised, source) of the report's KV advice; None without per-head maxima."""
+    key = "k_pre_rope" if target.keys == "pre-rope" else "k"
+    ranks = {}
+    for layer in variant["layers"]:
+        kv = layer.get("kv_heads")
+        opt = kv_option(kv, key, nbytes, T) if kv and key in kv else None
+        if opt is None:
+            why = ("moe blocks offer no per-KV-head figures" if target.block_kind == "moe"
+                   else "a probe from an older rankzoo? re-probe")
+            notes.append(f"the report has no per-KV-head maxima of "
+                         f"{KEY_LABEL.get(key, key)} for layer {layer['layer']} ({why}): "
+                         f"no advice to check")
+            return None
+        ranks[(layer["layer"], "k")] = opt["rank_k"]
+        ranks[(layer["layer"], "v")] = opt["rank_v"]
+    advised = any(a["kind"] == "kv_cache_summary" for a in report.get("advice", []))
+    source = (f"the report's KV advice ({key_label(target.keys, target.rope)} + values: "
+              f"rank_eps_max per KV head at eps {variant['eps']:g}, "
+              f"{variant.get('batch_size') or '?'} probe sequences of T = {T})")
+    return ranks, advised, source
+
+
+def _state_ranks(variant: dict, T: int, target: ZooTarget,
+                 notes: list[str]) -> tuple[dict, bool, str] | None:
+    """(ranks, advised, source) implied by a state family's inference row; None when a
+    layer's rank is undecided."""
+    quantity = STATE_ROWS[target.family]
+    slots = {s.layer: s for s in target.slots}
+    ranks = {}
+    for layer in variant["layers"]:
+        row = next((r for r in layer["axes"] if r["quantity"] == quantity), None)
+        m = None if row is None else row.get("realized_max_sample")
+        if m is None or row.get("lower_bound"):
+            notes.append(f"the report has no decided {quantity} rank for layer "
+                         f"{layer['layer']}: no ranks to check")
+            return None
+        s = slots[layer["layer"]]
+        ranks[s.key] = [min(max(1, _ceil(m)), s.width)] * s.heads
+    source = (f"the report's {quantity} rank (rank_eps max over samples and heads at eps "
+              f"{variant['eps']:g}, T = {T}); the report gives no "
+              f"low-rank advice for {target.block_kind}: the ranks its figures imply")
+    return ranks, False, source
+
+
+def hf_prediction(target: HFTarget, cal: Calibration, eps: float, nbytes: int, T: int,
+                  command: str) -> dict:
+    """The ranks `rankzoo report --hf` advises on the calibration batch (the same figures:
+    rank_eps_max per KV head over its sequences at eps, rounded up, by kv_option)."""
+    key = "k_pre_rope" if target.keys == "pre-rope" else "k"
+    ranks = {}
+    for i in range(target.g.n_layers):
+        kv = {"n_kv_heads": target.g.n_kv_heads, "head_dim": target.g.head_dim,
+              "v_head_dim": target.g.head_dim, "rope": target.rope,
+              key: {"rank_eps_max": cal.stats[(i, "k")].rank_eps_max(eps)},
+              "v": {"rank_eps_max": cal.stats[(i, "v")].rank_eps_max(eps)}}
+        opt = kv_option(kv, key, nbytes, T)
+        ranks[(i, "k")], ranks[(i, "v")] = opt["rank_k"], opt["rank_v"]
+    return {"ranks": ranks, "seq_len": T, "advised": True, "withheld": None,
+            "source": f"the KV advice of `{command}` ({key_label(target.keys, target.rope)} "
+                      f"+ values: rank_eps_max per KV head at eps {eps:g} over the "
+                      f"{cal.sequences} calibration sequences)"}

@@ -1,0 +1,134 @@
+"""Calibration and evaluation data, and the bases fitted on the calibration activations.
+
+    calib, eval_x, eval_y = zoo_data(config, options, notes)   # a run's splits
+    calib, evals = hf_data(calib_bytes, eval_bytes, tokenizer, vocab, seq_len, ...)
+    cal = calibrate(target, calib, batch_size)                  # per slot: stats, bases
+
+A zoo run calibrates on the first sequences of its training split and is evaluated on its
+validation split, both rebuilt from config.yaml and its seed as training built them
+(train/data/loaders.py make_splits). A Hugging Face model calibrates on the start of one
+text and is evaluated on another, or on what follows the calibration tokens of the same.
+Evaluation sequences equal to a calibration sequence are left out unless overlap is asked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from budgets.lowrank import SlotStats
+
+from .options import ZOO_CALIBRATION, CompressOptions
+
+
+def disjoint_rows(calib: torch.Tensor, evals: torch.Tensor) -> torch.Tensor:
+    """The indices of the evaluation sequences that are not calibration sequences."""
+    seen = {tuple(row) for row in calib.tolist()}
+    return torch.tensor([i for i, row in enumerate(evals.tolist()) if tuple(row) not in seen],
+                        dtype=torch.long)
+
+
+def zoo_data(config: dict, options: CompressOptions, notes: list[str]):
+    """(calibration tokens [Nc, T], evaluation tokens and labels [Ne, T]) of a run: the
+    first calib_size sequences of its training split and its validation split, rebuilt
+    from config.yaml's data section and seed as training built them."""
+    from ...config.sections import DataConfig, parse_section
+    from ...data import make_splits
+
+    data = parse_section(config["data"], DataConfig, "data")
+    (train_x, _), (val_x, val_y) = make_splits(data.spec(), data.train_size, data.val_size,
+                                               int(config["seed"]))
+    n = options.calib_size or min(ZOO_CALIBRATION, len(train_x))
+    source = val_x if options.overlap else train_x
+    if n > len(source):
+        raise ValueError(f"calib_size={n}: the {'validation' if options.overlap else 'training'}"
+                         f" split holds {len(source)} sequences")
+    calib = source[:n]
+    m = options.eval_size or len(val_x)
+    if m > len(val_x):
+        raise ValueError(f"eval_size={m}: the validation split holds {len(val_x)} sequences")
+    eval_x, eval_y = val_x[:m], val_y[:m]
+    if options.overlap:
+        notes.append(f"calibration on the validation split (overlap asked): the bases are "
+                     f"fitted on {n} of the sequences evaluated")
+        return calib, eval_x, eval_y
+    keep = disjoint_rows(calib, eval_x)
+    if len(keep) < m:
+        notes.append(f"{m - len(keep)} validation sequences equal calibration sequences "
+                     f"and are left out of the evaluation")
+    if not len(keep):
+        raise ValueError("every evaluation sequence is a calibration sequence")
+    return calib, eval_x[keep], eval_y[keep]
+
+
+def cut(ids: torch.Tensor, seq_len: int, size: int, flag: str, where: str,
+        start: int = 0) -> torch.Tensor:
+    """size sequences of seq_len tokens from ids[start:], [size, seq_len]."""
+    need = size * seq_len
+    if ids.numel() - start < need:
+        after = f" after the first {start} (the calibration's)" if start else ""
+        raise ValueError(f"{where}: too short: {max(ids.numel() - start, 0)} tokens{after}, but "
+                         f"{flag}={size} x seq_len={seq_len} needs {need}")
+    return ids[start:start + need].view(size, seq_len)
+
+
+def hf_data(calib_data: bytes, eval_data: bytes, tokenizer, vocab: int, seq_len: int,
+            calib_size: int, eval_size: int, overlap: bool, text: str, eval_text: str,
+            notes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(calibration ids [Nc, T], evaluation ids [Ne, T]): the start of the calibration
+    text; the start of the evaluation text, or, when it is the same text, what follows the
+    calibration tokens (overlap: its start). Evaluation sequences equal to a calibration
+    sequence are left out unless overlap."""
+    from ...hf import token_ids
+
+    calib_ids = token_ids(calib_data, tokenizer, vocab, f"text={text}", notes)
+    calib = cut(calib_ids, seq_len, calib_size, "calib_size", f"text={text}")
+    same = eval_data == calib_data
+    eval_ids = calib_ids if same else token_ids(eval_data, tokenizer, vocab,
+                                                f"eval_text={eval_text}")
+    start = calib.numel() if same and not overlap else 0
+    if same:
+        notes.append(f"eval_text={eval_text} holds the calibration text: " + (
+            "evaluation on its first tokens, as asked (overlap)" if overlap else
+            f"evaluation starts after its first {start} tokens (the calibration's)"))
+    evals = cut(eval_ids, seq_len, eval_size, "eval_size", f"eval_text={eval_text}", start)
+    if overlap:
+        return calib, evals
+    keep = disjoint_rows(calib, evals)
+    if len(keep) < len(evals):
+        notes.append(f"{len(evals) - len(keep)} evaluation sequences equal calibration "
+                     f"sequences and are left out")
+    if not len(keep):
+        raise ValueError(f"eval_text={eval_text}: every evaluation sequence is a "
+                         f"calibration sequence (pass overlap to measure on them)")
+    return calib, evals[keep]
+
+
+@dataclass
+class Calibration:
+    """Per slot its statistics, bases and energies; the calibration's size and time."""
+
+    stats: dict
+    bases: dict = field(default_factory=dict)
+    energy: dict = field(default_factory=dict)
+    sequences: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def calibrate(target, tokens: torch.Tensor, batch_size: int) -> Calibration:
+    """The statistics of every slot of `target` (a ZooTarget or an HFTarget) over tokens
+    [N, T], in batches, and the basis and energies each gives."""
+    start = time.perf_counter()
+    stats = {s.key: SlotStats(s) for s in target.slots}
+    where = next(target.model.parameters()).device
+    for i in range(0, len(tokens), batch_size):
+        for key, a in target.activations(tokens[i:i + batch_size].to(where)).items():
+            stats[key].add(a)
+    cal = Calibration(stats, sequences=len(tokens), tokens=tokens.numel())
+    for key, st in stats.items():
+        cal.bases[key], cal.energy[key] = st.basis()
+    cal.seconds = time.perf_counter() - start
+    return cal

@@ -1,0 +1,104 @@
+"""What `rankzoo compress` measures: its options, their defaults, and the choice of keys.
+
+    options = CompressOptions(ratios=(1.5, 2), eps=(0.1,), keys="pre-rope")
+    options.nbytes                      # bytes per cached element at options.cache_dtype
+    resolve_keys("auto", rope=True, what="the model") -> "pre-rope"
+
+Errors name the parameter (the CLI, train/cli/__init__.py, shows them as its flags).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from budgets.advice import KEY_LABEL
+from budgets.lowrank import dtype_bytes
+from budgets.verdicts import VerdictThresholds
+
+from ...sizing.units import DTYPE_LONG, dtype_name
+
+SCHEMA = "rankzoo.compress"
+SCHEMA_VERSION = 1
+KEYS = ("auto", "pre-rope", "post-rope")
+ALLOCATIONS = ("uniform", "greedy")
+DEFAULT_RATIOS = (1.5, 2.0, 4.0, 8.0)
+DEFAULT_TOLERANCE = 0.02  # nats per token: exp(0.02) = 2% perplexity
+MIN_COMPRESSION = VerdictThresholds().min_compression  # the report's per-layer advice floor
+ZOO_CALIBRATION = 64  # sequences of the training split
+
+
+def cache_dtype(text: str) -> str:
+    """A cache dtype as budgets/verdicts.py names it (bf16 and bfloat16 -> bfloat16), parsed
+    as `rankzoo pick` parses it."""
+    return DTYPE_LONG[dtype_name(text)]
+
+
+@dataclass(frozen=True)
+class CompressOptions:
+    """What to measure; errors name the parameter (the CLI shows them as its flags)."""
+
+    ratios: tuple[float, ...] = DEFAULT_RATIOS
+    eps: tuple[float, ...] = ()
+    allocations: tuple[str, ...] = ALLOCATIONS
+    keys: str = "auto"  # pre-rope (RoPE models' default), post-rope (the cached keys)
+    cache_dtype: str = "bfloat16"
+    length: int | None = None  # T the bases are amortized at; None: the report's probe T
+    tolerance: float = DEFAULT_TOLERANCE  # on the eval loss change, nats per token
+    advice_eps: float = 0.1  # HF: the eps of the report whose advice is checked
+    calib_size: int | None = None  # calibration sequences (zoo: 64; HF: 4)
+    eval_size: int | None = None  # evaluation sequences (zoo: the validation split; HF: 4)
+    overlap: bool = False  # let calibration and evaluation share data
+    batch_size: int | None = None  # sequences per forward pass (zoo: the run's; HF: 1)
+    save: str | None = None  # write the compressed model here (a new or empty directory)
+
+    def __post_init__(self) -> None:
+        self._check_targets()
+        unknown = set(self.allocations) - set(ALLOCATIONS)
+        if unknown or not self.allocations:
+            raise ValueError(f"alloc={','.join(self.allocations)}: expected a list of "
+                             f"{', '.join(ALLOCATIONS)}")
+        if self.keys not in KEYS:
+            raise ValueError(f"keys={self.keys}: one of {', '.join(KEYS)}")
+        cache_dtype(self.cache_dtype)
+        if not self.tolerance >= 0:
+            raise ValueError(f"tolerance={self.tolerance:g}: expected >= 0")
+        for name in ("length", "calib_size", "eval_size", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}: expected a positive int")
+
+    def _check_targets(self) -> None:
+        """The ratios and eps to measure at, and the eps of the advice checked."""
+        for r in self.ratios:
+            if not r > 1.0:
+                raise ValueError(f"ratios={','.join(f'{x:g}' for x in self.ratios)}: each "
+                                 f"ratio must be > 1 (a cache that many times smaller than "
+                                 f"the full one), got {r:g}")
+        for e in self.eps:
+            if not 0.0 < e < 1.0:
+                raise ValueError(f"eps={','.join(f'{x:g}' for x in self.eps)}: each eps must "
+                                 f"lie in (0, 1), got {e:g}")
+        if not 0.0 < self.advice_eps < 1.0:
+            raise ValueError(f"advice_eps={self.advice_eps:g}: expected 0 < eps < 1")
+        if not self.ratios and not self.eps:
+            raise ValueError("ratios= and eps= are both empty: nothing to measure")
+
+    @property
+    def nbytes(self) -> int:
+        return dtype_bytes(cache_dtype(self.cache_dtype))
+
+
+def resolve_keys(keys: str, rope: bool, what: str) -> str:
+    """pre-rope or post-rope: which keys get a basis (auto: before RoPE where there is RoPE;
+    a model without RoPE caches its keys as computed, called post-rope here)."""
+    if keys == "auto":
+        return "pre-rope" if rope else "post-rope"
+    if keys == "pre-rope" and not rope:
+        raise ValueError(f"keys=pre-rope: {what} has no RoPE, so there are no keys before "
+                         f"RoPE: its cache holds the keys as computed (keys=auto)")
+    return keys
+
+
+def key_label(keys: str, rope: bool) -> str:
+    """How the document names the keys that get a basis (budgets/advice.py's labels)."""
+    return KEY_LABEL["k_pre_rope" if keys == "pre-rope" else "k"] if rope else "keys"

@@ -1,0 +1,197 @@
+"""The two entry points of `rankzoo compress`: a trained zoo variant, a Hugging Face model.
+
+    doc = compress_run("runs/quick/mha", CompressOptions(ratios=(1.5, 2, 4)))
+    doc = compress_hf("models/tiny", "calib.txt", "eval.txt", CompressOptions(), seq_len=128)
+
+Each loads the model and its data, fits the bases (calibrate.py), reads the advice to check
+(advice.py), measures every setting (measure.py) and returns the compress document;
+nothing is written except --save DIR (save.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from budgets.lowrank import cache_bytes
+
+from .advice import hf_prediction, zoo_prediction
+from .calibrate import Calibration, calibrate, hf_data, zoo_data
+from .hf_surgery import HFTarget
+from .measure import measure, verdict
+from .options import SCHEMA, SCHEMA_VERSION, CompressOptions, cache_dtype
+from .save import check_save_dir, save_compressed, save_hf, save_zoo
+from .zoo_surgery import ZooTarget
+
+
+def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
+    """(DecoderLM with the run's last weights, its config.yaml, the checkpoint's step) of a
+    variant directory (read without Lightning)."""
+    from ...lm.decoder import build_model
+    from ...rundir.read import is_variant_dir, run_config, variant_dirs
+
+    if not vdir.exists():
+        raise FileNotFoundError(f"run directory not found: {vdir}")
+    if not vdir.is_dir():
+        raise ValueError(f"not a run directory: {vdir} is a file")
+    if not is_variant_dir(vdir):
+        names = [p.name for p in variant_dirs(vdir)]
+        raise ValueError(f"{vdir}: name one variant directory, RUN_DIR/<variant>"
+                         + (f" (here: {', '.join(names)})" if names else ""))
+    config = run_config(vdir)
+    if not config.get("block") or not config.get("data"):
+        raise ValueError(f"{vdir}/config.yaml: no block or data section to rebuild the model")
+    if config.get("finetune"):
+        raise ValueError(f"{vdir}: a LoRA fine-tune; compress its base variant "
+                         f"({config['finetune'].get('base_variant')})")
+    ckpt = vdir / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"{vdir}: no checkpoints/last.ckpt to load the weights from")
+    try:
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+        state, step = checkpoint["state_dict"], checkpoint.get("global_step")
+    except Exception as e:  # torch raises several types for a bad file
+        raise ValueError(f"{ckpt}: not a readable checkpoint ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]})") from None
+    model = build_model(config)
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    return model.eval(), config, None if step is None else int(step)
+
+
+def document(source: dict, target, cal: Calibration, options: CompressOptions, T: int,
+             prediction: dict | None, rows: list[dict], evaluation: dict,
+             notes: list[str], seconds: float) -> dict:
+    """The compress document (schema rankzoo.compress) of one measured model."""
+    nbytes = options.nbytes
+    pred = None
+    if prediction is not None:
+        size = cache_bytes(target.slots, prediction["ranks"], nbytes, prediction["seq_len"])
+        pred = {"ratio": size["ratio"], "bytes_per_token": size["bytes_per_token"],
+                "seq_len": prediction["seq_len"], "advised": prediction["advised"],
+                "withheld": prediction["withheld"], "source": prediction["source"]}
+    return {
+        "schema": SCHEMA, "version": SCHEMA_VERSION, "source": source,
+        "model": target.describe(), "family": target.family,
+        "keys": target.keys if target.family == "kv" else None,
+        "rope": bool(getattr(target, "rope", False)),
+        "cache_dtype": cache_dtype(options.cache_dtype), "bytes_per_element": nbytes,
+        "length": T, "tolerance": options.tolerance,
+        "calibration": {"sequences": cal.sequences, "tokens": cal.tokens,
+                        "seconds": cal.seconds},
+        "evaluation": evaluation, "prediction": pred,
+        "rows": rows, "verdict": verdict(rows, prediction, options.tolerance),
+        "notes": list(notes), "seconds": seconds,
+    }
+
+
+def compress_run(run_dir, options: CompressOptions | None = None,
+                 notes: list[str] | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict:
+    """The compress document of a trained zoo variant (RUN_DIR/<variant>)."""
+    began = time.perf_counter()
+    options = options or CompressOptions()
+    notes = notes if notes is not None else []
+    vdir = Path(run_dir)
+    check_save_dir(options.save)
+    model, config, step = load_variant(vdir)
+    target = ZooTarget(model, options.keys)
+    check_save_dir(options.save, target.saveable)
+    calib, eval_x, eval_y = zoo_data(config, options, notes)
+    batch = options.batch_size or int(config["data"].get("batch_size", 32))
+    prediction = zoo_prediction(vdir, target, options.nbytes, notes)
+    T = options.length or (prediction["seq_len"] if prediction else int(calib.shape[1]))
+    if prediction is not None and prediction["seq_len"] != T:
+        notes.append(f"bases amortized at length={T}, the report's at T = "
+                     f"{prediction['seq_len']}: the advised ratio reads differently here")
+    cal = calibrate(target, calib, batch)
+    rows, chosen, baseline = measure(target, cal,
+                                     lambda: target.evaluate(eval_x, eval_y, batch),
+                                     options, T, prediction, notes, progress)
+    evaluation = {"sequences": len(eval_x), "tokens": int(eval_x.numel()),
+                  "labelled": baseline["tokens"], "split": "validation",
+                  "calibration_split": "validation" if options.overlap else "training"}
+    source = {"run": str(vdir), "variant": config.get("variant", vdir.name),
+              "block": target.block_kind, "step": step}
+    doc = document(source, target, cal, options, T, prediction, rows, evaluation, notes,
+                   time.perf_counter() - began)
+    if options.save:
+        save_compressed(doc, target, cal, chosen, options, notes,
+                        lambda d: save_zoo(d, model, config))
+    doc["notes"] = list(notes)
+    return doc
+
+
+def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = None, *,
+                seq_len: int = 128, device: str = "cpu", dtype: str = "float32",
+                notes: list[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """The compress document of a Hugging Face causal LM saved in model_dir."""
+    from ...hf import device_of, dtype_of, read_text
+
+    began = time.perf_counter()
+    options = options or CompressOptions()
+    notes = notes if notes is not None else []
+    if eval_text is None:
+        raise ValueError("eval_text=None: the loss is measured on text the bases were not "
+                         "fitted on: name one (the calibration file itself is read after "
+                         "its calibration tokens)")
+    calib_data, eval_data = read_text(text), _read_eval(eval_text)
+    where = device_of(device)
+    dtype_of(dtype)
+    model_dir = Path(model_dir)
+    target, tokenizer = _hf_target(model_dir, options, where, dtype, seq_len)
+    calib_size, eval_size = options.calib_size or 4, options.eval_size or 4
+    calib, evals = hf_data(calib_data, eval_data, tokenizer,
+                           int(target.model.config.vocab_size),
+                           seq_len, calib_size, eval_size, options.overlap, str(text),
+                           str(eval_text), notes)
+    batch = options.batch_size or 1
+    T = options.length or seq_len
+    cal = calibrate(target, calib, batch)
+    command = (f"rankzoo report --hf {model_dir} --text {text} --seq-len {seq_len} "
+               f"--probe-size {calib_size} --eps {options.advice_eps:g}")
+    prediction = hf_prediction(target, cal, options.advice_eps, options.nbytes, seq_len,
+                               command)
+    rows, chosen, _ = measure(target, cal, lambda: target.evaluate(evals, batch_size=batch),
+                              options, T, prediction, notes, progress)
+    evaluation = {"sequences": len(evals), "tokens": int(evals.numel()),
+                  "text": str(eval_text)}
+    source = {"hf": str(model_dir), "model_type": target.g.model_type, "text": str(text),
+              "eval_text": str(eval_text), "seq_len": seq_len, "device": str(where),
+              "dtype": dtype, "tokens": "tokenizer" if tokenizer is not None
+              else "bytes % vocab_size"}
+    doc = document(source, target, cal, options, T, prediction, rows, evaluation, notes,
+                   time.perf_counter() - began)
+    if options.save:
+        save_compressed(doc, target, cal, chosen, options, notes,
+                        lambda d: save_hf(d, target, tokenizer))
+    doc["notes"] = list(notes)
+    return doc
+
+
+def _hf_target(model_dir: Path, options: CompressOptions, where, dtype: str,
+               seq_len: int) -> tuple[HFTarget, object]:
+    """(the model on `where` as an HFTarget, its tokenizer or None); --save refused before
+    the model is loaded, and again when the compression would be no change of weights."""
+    from ...hf import load_model
+
+    check_save_dir(options.save)
+    model, tokenizer = load_model(model_dir, dtype)
+    target = HFTarget(model.to(where), options.keys)
+    check_save_dir(options.save, target.saveable)
+    target.g.check_seq_len(seq_len)
+    return target, tokenizer
+
+
+def _read_eval(eval_text) -> bytes:
+    """The evaluation text, its errors naming eval_text rather than text."""
+    from ...hf import read_text
+
+    try:
+        return read_text(eval_text)
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(str(e).replace("text=", "eval_text=", 1)) from None

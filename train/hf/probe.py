@@ -1,0 +1,143 @@
+"""The rank-budget probe of a Hugging Face model on a text (budgets/hf.py measures).
+
+    name, entry = probe_hf("models/tiny-llama", "corpus.txt", seq_len=128, probe_size=4)
+    report = budgets.hf.build_hf_report(name, entry)      # or hf_report(...) for both
+
+The model comes from train/hf/load.py and is moved to the device; budgets measures
+there. The probe batch is cut from the start of a text file, tokenized by the model's own
+tokenizer when one was saved.
+
+Errors name the parameters (text=..., seq_len=...); the CLI shows them as its flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from budgets.hf import ProbeProgress, build_hf_report, probe_hf_model
+from budgets.hf_layouts import Geometry
+from budgets.probes import MATFREE_FROM
+
+from .load import adapter_dir, device_of, dtype_of, load_adapter, load_model
+
+# ---------------------------------------------------------------- the probe batch
+
+def read_text(text) -> bytes:
+    path = Path(text)
+    if not path.exists():
+        raise FileNotFoundError(f"text={path}: file not found")
+    if not path.is_file():
+        raise ValueError(f"text={path}: not a file")
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError(f"text={path}: the file is empty")
+    return data
+
+
+def token_ids(data: bytes, tokenizer, vocab_size: int, where: str = "",
+              notes: list[str] | None = None) -> torch.Tensor:
+    """Token ids [N] of the text: the model's tokenizer, else bytes modulo the vocab size
+    (said so in `notes`)."""
+    if tokenizer is None:
+        if notes is not None:
+            notes.append(f"{where}: no tokenizer saved with the model; using raw bytes modulo "
+                         f"the vocab size ({vocab_size}) as token ids")
+        return torch.tensor(list(data), dtype=torch.long) % vocab_size  # [N]
+    text = data.decode("utf-8", errors="replace")
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    if ids.numel() and int(ids.max()) >= vocab_size:
+        raise ValueError(f"{where}: the tokenizer gives id {int(ids.max())}, outside the "
+                         f"model's vocab of {vocab_size}")
+    return ids  # [N]
+
+
+def probe_batch(ids: torch.Tensor, seq_len: int, probe_size: int, where: str = ""
+                ) -> torch.Tensor:
+    """The first probe_size * seq_len tokens as [B, T] (contiguous, non-overlapping)."""
+    need = probe_size * seq_len
+    if ids.numel() < need:
+        raise ValueError(f"text={where}: too short for the probe batch: {ids.numel()} "
+                         f"tokens, but probe_size={probe_size} x seq_len={seq_len} "
+                         f"needs {need}")
+    return ids[:need].view(probe_size, seq_len)  # [B, T]
+
+
+# ---------------------------------------------------------------- the probe
+
+def load_for_probe(model_dir, text, adapter=None, device: str = "cpu", dtype: str = "float32"
+                   ) -> tuple[nn.Module, object | None, bytes]:
+    """(model on `device` in `dtype`, tokenizer or None, the text's bytes), the cheap checks
+    first: a bad text, adapter directory, device or dtype costs no model load."""
+    data = read_text(text)
+    if adapter is not None:
+        adapter_dir(adapter)
+    where, _ = device_of(device), dtype_of(dtype)
+    model, tokenizer = load_model(model_dir, dtype)
+    if adapter is not None:
+        model = load_adapter(model, adapter, dtype)
+    return model.to(where), tokenizer, data
+
+
+def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
+             with_spectra: bool = False, adapter=None, notes: list[str] | None = None, *,
+             device: str = "cpu", dtype: str = "float32", layers: list[int] | None = None,
+             matfree_from: int | None = MATFREE_FROM, k_max: int = 256,
+             progress: Callable[[ProbeProgress], None] | None = None) -> tuple[str, dict]:
+    """(variant name, build_report entry) of the model saved in `model_dir` (with the PEFT
+    adapter saved in `adapter` applied, if given), probed on the start of the file `text`,
+    on `device` ("cpu", "cuda", "auto") with the forward pass in `dtype` (a DTYPES name).
+    `layers`, `matfree_from`, `k_max` and `progress` are budgets.hf.probe_hf_model's.
+    Lines for the user (e.g. no tokenizer saved) are appended to `notes`."""
+    model_dir = Path(model_dir)
+    model, tokenizer, data = load_for_probe(model_dir, text, adapter, device, dtype)
+    g = Geometry.from_config(model.config)
+    g.check_seq_len(seq_len)
+    ids = token_ids(data, tokenizer, int(model.config.vocab_size), str(text), notes)
+    batch = probe_batch(ids, seq_len, probe_size, str(text))  # [B, T]
+    where = next(model.parameters()).device
+    probe, loss = probe_hf_model(model, batch.to(where), eps, with_spectra, layers=layers,
+                                 matfree_from=matfree_from, k_max=k_max, progress=progress)
+    source = {"hf": str(model_dir), "model_type": g.model_type, "text": str(text),
+              "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
+              "probe_size": probe_size, "seq_len": seq_len, "device": str(where),
+              "dtype": dtype, "n_layers": g.n_layers,
+              **({"layers": [ly["layer"] for ly in probe["layers"]]} if layers else {}),
+              **({"adapter": str(Path(adapter))} if adapter is not None else {})}
+    if notes is not None:
+        notes.extend(probe_notes(probe, dtype, g.n_layers))
+    entry = {"probe": probe, "step": 0, "params": sum(p.numel() for p in model.parameters()),
+             "metrics": {"probe/loss": loss}, "source": source}
+    return model_dir.resolve().name or g.model_type, entry
+
+
+def probe_notes(probe: dict, dtype: str, n_layers: int) -> list[str]:
+    """What the user should know about how the probe measured: a subset of layers, a
+    half-precision forward pass, the matrix-free mode."""
+    notes = []
+    if len(probe["layers"]) < n_layers:
+        notes.append(f"measured {len(probe['layers'])} of the model's {n_layers} layers: "
+                     f"{', '.join(str(ly['layer']) for ly in probe['layers'])}")
+    if dtype != "float32":
+        notes.append(f"forward pass in {dtype}: singular values below ~1e-2 s_1 are noise "
+                     f"at that precision (docs/METRICS.md); metrics are computed in fp32")
+    if "matfree" in probe:
+        m = probe["matfree"]
+        notes.append(f"attention measured matrix-free (probe length {probe['seq_len']} >= "
+                     f"{m['from']}): rank_eps decided up to {m['k_max']} values, erank only "
+                     f"where those hold the whole spectrum")
+    return notes
+
+
+def hf_report(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
+              thresholds=None, adapter=None, notes: list[str] | None = None,
+              **options) -> dict:
+    """The rank-budget report (schema rankzoo.report) of a saved HF causal LM on a text,
+    with a PEFT LoRA adapter applied if `adapter` names one; `options` are probe_hf's
+    keyword-only ones (device, dtype, layers, matfree_from, k_max, progress)."""
+    name, entry = probe_hf(model_dir, text, seq_len, probe_size, eps, adapter=adapter,
+                           notes=notes, **options)
+    return build_hf_report(name, entry, thresholds)

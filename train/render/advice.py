@@ -1,0 +1,59 @@
+"""The report's advice: the suggestions budgets computed from the figures
+(budgets/verdicts.py), each with the conditions it was checked under.
+
+    out.print(render_advice(report)); Path("report.md").write_text(advice_markdown(report))
+
+A list, not a table: one item per suggestion (in the terminal a titled table of one
+column, a no-advice item in yellow; in Markdown a bullet list).
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+
+def conditions_text(item: dict) -> str:
+    """'eps 0.1, probe 4 x T 128, checked on every sample and head: max observed 9'."""
+    c = item.get("conditions")
+    if not c:
+        return ""
+    probe = (f"probe {c.get('batch_size', '?')} x T {c.get('seq_len', '?')}"
+             if c.get("batch_size") is not None or c.get("seq_len") is not None else "")
+    checked = ("checked on every sample and head" if c.get("checked") else "NOT checked")
+    if c.get("max_observed") is not None:
+        checked += f": max observed {c['max_observed']:g}"
+    return ", ".join(x for x in (f"eps {c['eps']:g}" if c.get("eps") is not None else "",
+                                 probe, checked) if x)
+
+
+def advice_text(item: dict) -> str:
+    """An advice item for people: its text, with the conditions it rests on."""
+    if item.get("kind") == "no_advice":  # its text may say so itself ("v: no advice: ...")
+        if "advice" in item["text"]:
+            return item["text"]
+        who = f" for {item['variant']}" if item.get("variant") else ""
+        return f"no advice{who}: {item['text']}"
+    cond = conditions_text(item)
+    eps = (item.get("conditions") or {}).get("eps")
+    if eps is not None and f"eps {eps:g}" in item["text"]:
+        cond = ""  # the text already states what it rests on
+    return item["text"] + (f" [{cond}]" if cond else "")
+
+
+def render_advice(report: dict) -> Table:
+    """The suggestions, one per row, each with the conditions it was checked under."""
+    table = Table(title="advice", box=box.SIMPLE_HEAD, show_header=False)
+    table.add_column("advice", overflow="fold")
+    for item in report.get("advice", []):
+        table.add_row(Text(advice_text(item),
+                           style="yellow" if item.get("kind") == "no_advice" else ""))
+    if not report.get("advice"):
+        table.add_row("no suggestions: every axis is used and no layer collapsed")
+    return table
+
+
+def advice_markdown(report: dict) -> str:
+    items = [f"- {advice_text(a)}" for a in report.get("advice", [])]
+    return "\n".join(["## Advice", "", *(items or ["- no suggestions"])]) + "\n"

@@ -1,0 +1,84 @@
+"""The sections of a Hugging Face report: a pretrained model probed as loaded, so no
+training columns; per layer the effective ranks of what its attention reads and mixes,
+and the classes of its heads.
+
+    out.print(render_hf_table(report)); Path("report.md").write_text(hf_markdown(report))
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+
+from .heads import HEAD_CLASSES, class_counts, head_legend
+from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
+
+HF_COLUMNS = ("layer", "hidden erank Hc", "mixing erank P", "erank Pc", "past->future erank",
+              "head classes")
+
+
+def is_hf(report: dict) -> bool:
+    return "source" in report  # build_hf_report: a pretrained model, probed as loaded
+
+
+def probe_source_text(report: dict) -> str:
+    """'probe: 4 x 128 tokens of book.txt (tokenizer); next-token loss 2.345'."""
+    v, src = report["variants"][0], report["source"]
+    loss = v["metrics"].get("probe/loss")
+    return (f"probe: {src['probe_size']} x {src['seq_len']} tokens of {src['text']} "
+            f"({src['tokens']}); next-token loss {fmt(loss, '.3f')}")
+
+
+def _head_mean(xs) -> float | None:
+    """The mean over heads; None where the matrix-free mode measured no head (erank is
+    given only where the top singular values hold the whole spectrum)."""
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _class_cell(layer: dict) -> str:
+    """'7 sink, 2 broad' (the layer's head classes), '-' without head findings."""
+    counts = class_counts(layer.get("heads") or {})
+    return ", ".join(f"{counts[c]} {c}" for c in HEAD_CLASSES if counts.get(c)) or "-"
+
+
+def _hf_rows(report: dict):
+    for layer in report["variants"][0]["layers"]:
+        e = layer["erank"]
+        pc = _head_mean(e["mixing_centered"])
+        yield (str(layer["layer"]), fmt(layer["hidden_centered_erank"], ".2f"),
+               fmt(_head_mean(e["mixing"]), ".2f"),
+               "n/a" if layer.get("centered_na") and layer.get("mixing_centered_erank") is None
+               else fmt(pc, ".2f"),
+               fmt(_head_mean(e["past_future"]), ".2f"), _class_cell(layer))
+
+
+def hf_spec(report: dict) -> TableSpec:
+    """Per layer: erank of the centered hidden states, raw/centered mixing eranks, and the
+    head classes (numbers under long headers: the headers wrap on a narrow terminal)."""
+    v = report["variants"][0]
+    return TableSpec(
+        title=f"{v['variant']}: effective ranks per layer (means over heads)",
+        heading="Effective ranks per layer (means over heads)",
+        columns=(*(Column(c, numeric=True, wrap=True) for c in HF_COLUMNS[:-1]),
+                 Column(HF_COLUMNS[-1])),
+        rows=list(_hf_rows(report)),
+        legend=f"{probe_source_text(report)}; Hc = hidden states the attention reads, "
+               f"centered over tokens; Pc = centered attention; {head_legend(report)}",
+        markdown_legend=head_legend(report))
+
+
+def render_hf_table(report: dict) -> Table:
+    return to_rich(hf_spec(report), **{**BOXED, "box": box.SIMPLE_HEAD,
+                                       "caption_justify": "left", "overflow": "fold"})
+
+
+def hf_markdown(report: dict) -> str:
+    """The HF model's section: the probe (text, tokens, loss) and per-layer eranks with
+    head classes; no training columns (nothing was trained)."""
+    src = report["source"]
+    model = f"{src.get('hf', report['variants'][0]['variant'])} ({src.get('model_type', '?')})"
+    lines = ["## Probe", "", f"- model: {model}", f"- {probe_source_text(report)}",
+             *([f"- device {src['device']}, dtype {src['dtype']}"]
+               if "device" in src and "dtype" in src else []), "", to_markdown(hf_spec(report))]
+    return "\n".join(lines)
