@@ -13,7 +13,10 @@ imported) and builds the module-level graph of the project's own imports:
   `pkg`, or every package whose `__init__` re-exports its submodules would be a cycle.
 
 Four rules, one test each: no cycle; budgets imports neither zoo nor train; zoo does not
-import train; no `from module import _private` across modules. (`import module` followed
+import train; no `from module import _private` across modules. Inside train/, each
+subpackage has a job, and the libraries that belong to a job stay with it: only
+train/harness/ imports Lightning, only train/render/ builds rich tables or draws with
+matplotlib, and train/render/ imports no torch (RULES, NO_TORCH). (`import module` followed
 by `module._private` is not checked.) The tests at the end plant each violation in a small
 source tree and check that the checker finds it.
 """
@@ -331,8 +334,96 @@ def test_checker_finds_zoo_importing_train(tmp_path):
 
 def test_checker_finds_a_planted_private_import(tmp_path):
     files = {**CLEAN, "budgets/probes.py": "from .metrics import _helper, rank_metrics\n",
-             "train/render/plots.py": "def f():\n    from zoo.ops.registry import Backend, _cache\n"}
+             "train/render/plots.py": "def f():\n"
+                                      "    from zoo.ops.registry import Backend, _cache\n"}
     bad = private_imports(import_edges(plant(tmp_path, files)))
     assert sorted((e.where, e.target, n) for e, n in bad) == [
         ("budgets/probes.py:1", "budgets.metrics", "_helper"),
         ("train/render/plots.py:2", "zoo.ops.registry", "_cache")]
+
+
+# ------------------------------------------------------------------ jobs inside train/
+
+@dataclass(frozen=True)
+class Rule:
+    """Third-party modules whose import is kept to some of train's subpackages: `library`
+    (a dotted prefix: `rich.table` covers `from rich.table import Table`) may be imported
+    only by modules under `only` (dotted prefixes), for the reason `why`."""
+
+    library: str
+    only: tuple[str, ...]
+    why: str
+
+
+RULES = (
+    Rule("lightning", ("train.harness",),
+         "train/harness/ is the one place that knows Lightning; the rest of train/ calls "
+         "its fit function"),
+    Rule("pytorch_lightning", ("train.harness",), "Lightning is train/harness/'s alone"),
+    Rule("rich.table", ("train.render",),
+         "tables are built in train/render/, each from one description drawn as rich and "
+         "as Markdown"),
+    Rule("matplotlib", ("train.render",), "figures are drawn in train/render/"),
+)
+# train/render/ reads documents (dicts of numbers and strings) and computes nothing new:
+# it must not need a tensor library to draw a table
+NO_TORCH = ("train.render",)
+
+
+def library_imports(root: Path, packages=("train",)) -> list[tuple[str, str, str]]:
+    """(module, imported dotted name, where) for every import of something outside the
+    project by a module of `packages` (an import inside a function counts)."""
+    modules = modules_of(root, packages)
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [(module, name, f"{rel}:{node.lineno}") for name in names
+                      if name.split(".")[0] not in PACKAGES]
+    return found
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def rule_violations(imports: list[tuple[str, str, str]], rules=RULES) -> list[str]:
+    """One line per import that breaks a rule: a kept library imported outside its
+    subpackages, or torch imported by a subpackage that must not need it."""
+    bad = []
+    for module, name, where in imports:
+        for rule in rules:
+            if _under(name, rule.library) and not any(_under(module, o) for o in rule.only):
+                bad.append(f"{where}: {module} imports {name} ({rule.why})")
+        if _under(name, "torch") and any(_under(module, p) for p in NO_TORCH):
+            bad.append(f"{where}: {module} imports {name} (train/render/ draws documents "
+                       f"and needs no torch)")
+    return bad
+
+
+def test_each_library_is_imported_where_its_job_is():
+    bad = rule_violations(library_imports(ROOT))
+    if bad:
+        pytest.fail("imports outside the subpackage whose job they are:\n  "
+                    + "\n  ".join(bad), pytrace=False)
+
+
+def test_the_rules_find_planted_violations(tmp_path):
+    files = {**CLEAN,
+             "train/harness/fit.py": "import lightning as L\n",
+             "train/render/table.py": "from rich.table import Table\n",
+             "train/experiment/sweep.py": "def f():\n    from lightning.pytorch import Trainer\n"
+                                          "from rich.table import Table\n",
+             "train/render/heads.py": "import torch.nn\nimport matplotlib.pyplot\n"}
+    bad = rule_violations(library_imports(plant(tmp_path, files)))
+    assert sorted(line.split(" (")[0] for line in bad) == [
+        "train/experiment/sweep.py:2: train.experiment.sweep imports lightning.pytorch",
+        "train/experiment/sweep.py:3: train.experiment.sweep imports rich.table",
+        "train/render/heads.py:1: train.render.heads imports torch.nn"]

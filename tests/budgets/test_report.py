@@ -57,7 +57,7 @@ def test_json_round_trip(tmp_path, fake_variants):
 
 
 def test_markdown_and_table_render_every_row(fake_variants):
-    # the layout is train/render/__init__.py's (tests/train/test_render.py); here: nothing is lost
+    # the layout is train/render/'s (tests/train/render/test_render.py); here: nothing is lost
     report = build_report(fake_variants(), experiment="quick")
     md = to_markdown(report)
     assert md.splitlines()[0] == "# Rank-budget report: quick"

@@ -7,7 +7,8 @@ import json
 
 from rich.console import Console
 
-from ..commands.blocks import blocks_document, blocks_tables
+from ..commands.blocks import blocks_document
+from ..render.blocks import blocks_tables
 from .common import add_cache_dtype, add_format, positive_int
 
 

@@ -75,11 +75,11 @@ def add_parser(sub) -> None:
 def cmd_compress(args, out: Console) -> int:
     """The compress table (or Markdown, or one JSON document); --plot and --save write
     only into new or empty directories; exit code 1 when --save found nothing to save."""
-    from ..commands.compress import compress_markdown, compress_table
+    from ..render.compress import compress_markdown, compress_table
 
     doc = _measure(args)
     if args.plot:
-        from ..commands.compress import write_plot
+        from ..render.compress import write_plot
 
         print(f"rankzoo: wrote {write_plot(doc, args.plot)}", file=sys.stderr)
     if args.format == "json":

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..commands import pick
+from ..render.pick import pick_tables
 from ..sizing.units import dtype_name, parse_bytes, parse_count
 from .common import add_cache_dtype, add_format, positive_int, print_notes
 
@@ -60,7 +61,7 @@ def cmd_pick(args, out: Console) -> int:
     if args.format == "json":
         print(json.dumps(doc, indent=2))
     else:
-        for table in pick.pick_tables(doc):
+        for table in pick_tables(doc):
             out.print(table)
     return 0
 

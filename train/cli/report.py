@@ -136,10 +136,11 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     tables (the sweep's after the variants'; then the advice, if asked)."""
     import budgets
 
-    from ..experiment.sweep import sweep_markdown, sweep_table
     from ..render import render_advice, render_table
+    from ..render.document import report_markdown
     from ..render.recall import recall_table, recall_view
-    from ..rundir.read import report_markdown, summary_table
+    from ..render.summary import summary_table
+    from ..render.sweep import sweep_markdown, sweep_table
 
     view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
     if fmt == "json":

@@ -10,9 +10,10 @@ import sys
 from rich.console import Console
 
 from ..config import load_experiment
-from ..experiment.plan import plan_document, plan_table
+from ..experiment.plan import plan_document
 from ..experiment.sweep import summarize
 from ..harness.devices import check_experiment
+from ..render.plan import plan_table
 from .common import add_format, console
 from .report import print_report
 

@@ -20,15 +20,13 @@ from typing import Any
 
 import zoo
 
-from ..render.blocks import blocks_tables
 from ..sizing.costs import BUDGET_AXES, MLP_RATIO, block_cost, matched_width, reference_layer
 from ..sizing.families import describe
 from ..sizing.match import default_d_mlp
 from ..sizing.units import DTYPE_BYTES, dtype_name
 from .pick.front import family_order
 
-# blocks_tables: importable from here while its callers move to train/render/blocks.py
-__all__ = ["BUDGET_AXES", "block_row", "blocks_document", "blocks_tables"]
+__all__ = ["BUDGET_AXES", "block_row", "blocks_document"]
 
 
 def blocks_document(d_model: int, n_heads: int, seq_len: int,

@@ -159,7 +159,7 @@ class ModelConfig(StrictConfig):
         require(self.norm in NORMS, f"model.norm must be one of {list(NORMS)}, got {self.norm!r}")
 
 
-# What Lightning's Trainer accepts (tests/train/test_settings.py checks these against its
+# What Lightning's Trainer accepts (tests/train/harness/test_settings.py checks these against its
 # registries); listed here so that a config is checked without importing Lightning.
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true",

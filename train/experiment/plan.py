@@ -19,28 +19,9 @@ import torch
 
 import zoo
 
-from ..render.plan import plan_table
-from ..sizing.match import (
-    MLP_FLOOR_RATIO,
-    STATE_KNOBS,
-    accepted,
-    below_floor,
-    cache_elements,
-    count_params,
-    default_d_mlp,
-    match_d_mlp,
-    matched_states,
-    matched_widths,
-    mlp_floor,
-    nearest_cache,
-    nearest_state,
-)
+from ..sizing.match import STATE_KNOBS, count_params, default_d_mlp
 
-__all__ = [
-    "MLP_FLOOR_RATIO", "STATE_KNOBS", "accepted", "below_floor", "cache_elements",
-    "count_params", "default_d_mlp", "match_d_mlp", "matched_states", "matched_widths",
-    "mlp_floor", "nearest_cache", "nearest_state", "plan_document", "plan_row", "plan_table",
-]
+__all__ = ["plan_document", "plan_row"]
 
 
 def plan_document(exp) -> dict[str, Any]:

@@ -28,13 +28,15 @@ from ..config import Experiment, parse_experiment
 from ..harness.devices import check_experiment
 from ..harness.fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightning
 from ..harness.module import NonFiniteLoss
+from ..render.document import report_markdown
+from ..render.sweep import sweep_markdown
 from ..rundir.files import read_yaml, write_yaml
-from ..rundir.read import DIVERGED_FILE, EXPERIMENT_FILE, report_markdown
+from ..rundir.read import DIVERGED_FILE, EXPERIMENT_FILE
 from ..rundir.status import STATUS_FILE, read_status
 from .finetune import finetune_experiment
 from .preflight import preflight as sizes_preflight
 from .preflight import write_notes
-from .sweep import best_runs, summarize, sweep_markdown, write_summary
+from .sweep import best_runs, summarize, write_summary
 
 __all__ = ["prepare_run_dir", "train_experiment", "train_variant"]
 

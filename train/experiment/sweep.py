@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import SELECT_MODES, Experiment, parse_experiment
-from ..render.sweep import sweep_markdown, sweep_table  # noqa: F401  re-export
 from ..rundir.files import read_yaml, write_json
 from ..rundir.read import EXPERIMENT_FILE
 
 SWEEP_FILE = "sweep.json"
-__all__ = ["best_runs", "run_summary", "summarize", "sweep_markdown", "sweep_table",
-           "write_summary"]
+__all__ = ["best_runs", "run_summary", "summarize", "write_summary"]
 
 
 def realized_by_axis(variant_report: dict) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 Nothing here imports Lightning and nothing here writes: `rankzoo report` uses it to read
 a run directory without touching it. The variant summary and report.md are drawn by
-train/render/summary.py and train/render/document.py (their names re-exported here).
+train/render/summary.py and train/render/document.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from budgets.report import RANK_RECORD
 from budgets.schema import check, read_text
 
 from ..config.sections import DataConfig, parse_section
-from ..render.document import report_markdown  # noqa: F401  re-export
-from ..render.summary import summary_markdown, summary_table  # noqa: F401  re-export
 from .files import read_yaml
 from .status import describe_status, read_status, run_status, status_notes
 

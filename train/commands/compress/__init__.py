@@ -47,48 +47,7 @@ One module per job:
   train/render/compress.py                the table (rich, Markdown) and the figure
 """
 
-from ...render.compress import (
-    COLUMNS,
-    compress_figure,
-    compress_markdown,
-    compress_spec,
-    compress_table,
-    header,
-    row_cells,
-    setting_name,
-    write_plot,
-)
-from .advice import STATE_ROWS, hf_prediction, zoo_prediction
-from .calibrate import Calibration, calibrate, cut, disjoint_rows, hf_data, zoo_data
-from .hf_surgery import HF_ATTENTION, HFTarget
-from .measure import make_row, measure, ranks_by_kind, ranks_summary, settings, verdict
-from .options import (
-    ALLOCATIONS,
-    DEFAULT_RATIOS,
-    DEFAULT_TOLERANCE,
-    KEYS,
-    MIN_COMPRESSION,
-    SCHEMA,
-    SCHEMA_VERSION,
-    ZOO_CALIBRATION,
-    CompressOptions,
-    cache_dtype,
-    key_label,
-    resolve_keys,
-)
-from .run import compress_hf, compress_run, document, load_variant
-from .save import check_save_dir
-from .surgery import Surgery, projected
-from .zoo_surgery import BLOCKS, FAMILIES, ZooTarget
+from .options import CompressOptions, cache_dtype
+from .run import compress_hf, compress_run
 
-__all__ = [
-    "ALLOCATIONS", "BLOCKS", "COLUMNS", "DEFAULT_RATIOS", "DEFAULT_TOLERANCE", "FAMILIES",
-    "HF_ATTENTION", "KEYS", "MIN_COMPRESSION", "SCHEMA", "SCHEMA_VERSION", "STATE_ROWS",
-    "ZOO_CALIBRATION", "Calibration", "CompressOptions", "HFTarget", "Surgery", "ZooTarget",
-    "cache_dtype", "calibrate", "check_save_dir", "compress_figure", "compress_hf",
-    "compress_markdown", "compress_run", "compress_spec", "compress_table", "cut",
-    "disjoint_rows", "document", "header", "hf_data", "hf_prediction", "key_label",
-    "load_variant", "make_row", "measure", "projected", "ranks_by_kind", "ranks_summary",
-    "resolve_keys", "row_cells", "setting_name", "settings", "verdict", "write_plot",
-    "zoo_data", "zoo_prediction",
-]
+__all__ = ["CompressOptions", "cache_dtype", "compress_hf", "compress_run"]

@@ -33,56 +33,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...render.pick import evidence_cells, legend_table, pick_tables, recall_cell
-from ...sizing.costs import (
-    MATCH_TOLERANCE,
-    MLP_RATIO,
-    NORM,
-    Cost,
-    block_cost,
-    matched_width,
-    reference_layer,
-)
-from ...sizing.families import (
-    FAMILIES,
-    FEATURE_MAP_TAGS,
-    RESOLVED,
-    Family,
-    Shape,
-    describe,
-    group_tag,
-    knob_values,
-    resolved,
-    shapes,
-)
+from ...sizing.costs import MLP_RATIO, matched_width, reference_layer
+from ...sizing.families import describe, shapes
 from ...sizing.match import default_d_mlp
 from ...sizing.units import format_bytes, format_count
-from .constraints import Constraints, KnobCosts, Sized, reach, size
-from .emit import (
-    EMIT_SHORTLISTS,
-    emit,
-    emitted_experiment,
-    experiment_yaml,
-    pick_command,
-    shortlist,
-    variant_name,
-    write_new,
-)
-from .evidence import axis_means, join_evidence, read_runs, run_record, same_setting
-from .front import dominates, family_order, mark_front, measured_accuracy, nothing_fits
+from .constraints import Constraints, Sized, reach, size
+from .emit import EMIT_SHORTLISTS, emit
+from .evidence import join_evidence, read_runs
+from .front import family_order, mark_front, nothing_fits
 
-# the names `train.commands.pick` has always offered, wherever they live now
-__all__ = [
-    "Constraints", "KnobCosts", "Sized", "reach", "size", "EMIT_SHORTLISTS", "emit",
-    "emitted_experiment", "experiment_yaml", "pick_command", "shortlist", "variant_name",
-    "write_new", "axis_means", "join_evidence", "read_runs", "run_record", "same_setting",
-    "dominates", "family_order", "mark_front", "measured_accuracy", "nothing_fits",
-    "evidence_cells", "legend_table", "pick_tables", "recall_cell", "MATCH_TOLERANCE", "MLP_RATIO",
-    "NORM", "Cost", "block_cost", "matched_width", "reference_layer", "FAMILIES",
-    "FEATURE_MAP_TAGS", "RESOLVED", "Family", "Shape", "describe", "group_tag", "knob_values",
-    "resolved", "shapes", "candidate_row", "infeasible_row", "pick_document",
-    "size_all",
-]
+__all__ = ["EMIT_SHORTLISTS", "Constraints", "emit", "pick_document"]
 
 
 def pick_document(c: Constraints, runs: Sequence[str | Path] = ()) -> dict[str, Any]:

@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from .conftest import tiny_experiment
+from ..conftest import tiny_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 TINY = tiny_experiment(name="ddp", data={"train_size": 64, "val_size": 16},
                        monitor={"every_n_steps": 2, "probe_size": 4, "histograms": None})

@@ -21,9 +21,9 @@ from train.config.sections import ACCELERATORS, PRECISIONS, STRATEGIES, device_r
 from train.experiment.stages import train_experiment
 from train.rundir.status import read_status
 
-from .conftest import tiny_markov
+from ..conftest import tiny_markov
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = tiny_markov("settings", checkpoint_every=3)
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 NO_XLA = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None,

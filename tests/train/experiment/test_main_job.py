@@ -1,5 +1,5 @@
 """The README's main job, end to end (slow: about 4 minutes on 2 CPU cores; run with
-`python -m pytest -m slow tests/train/test_main_job.py`). Its figures are a demonstration
+`python -m pytest -m slow tests/train/experiment/test_main_job.py`). Its figures are a demonstration
 and are not asserted; what it must print is."""
 
 import json

@@ -4,9 +4,9 @@ import pytest
 
 from train.config import apply_override, load_experiment
 
-from .conftest import MQA, tiny_experiment
+from ..conftest import MQA, tiny_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = tiny_experiment(  # the sizes, train and monitor sections left at their defaults
     name="t", seed=1, data={"train_size": None, "val_size": None, "batch_size": None},
     variants={"mqa": MQA}, train=None, monitor=None)

@@ -4,7 +4,7 @@ import re
 
 from train.harness.bench_monitor import main
 
-from .conftest import MQA, tiny_experiment
+from ..conftest import MQA, tiny_experiment
 
 RAW = tiny_experiment(  # warmup, checkpoints and histograms left at their defaults
     name="b", data={"train_size": 64, "val_size": 16}, variants={"mqa": MQA},

@@ -24,7 +24,7 @@ from train.data import make_splits
 from train.experiment.stages import train_experiment
 from train.harness.module import LMModule
 
-from .conftest import tiny_experiment
+from ..conftest import tiny_experiment
 
 STEPS = 200
 MARGIN = 1.5  # erank(r=32) - erank(r=4) was >= 3.2 on seeds 0-2; half of that, to spare

@@ -35,9 +35,9 @@ import train.harness.module as module_py
 from train.cli import main
 from train.rundir.status import read_status
 
-from .conftest import tiny_experiment
+from ..conftest import tiny_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = tiny_experiment(
     "markov", name="exact",
     data={"train_size": 80, "batch_size": 16},  # 5 batches per epoch
@@ -54,7 +54,7 @@ import os, signal, sys
 sys.path[:0] = [os.getcwd()]
 import budgets
 import train.harness.checkpoint as checkpoint
-from tests.train.test_exact_resume import record_draws
+from tests.train.harness.test_exact_resume import record_draws
 from train.cli import main
 
 point, at, config, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

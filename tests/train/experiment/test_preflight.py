@@ -25,24 +25,17 @@ from train.experiment.preflight import (
 )
 from train.lm.decoder import build_model
 
-TINY = {
-    "name": "tiny", "seed": 0,
-    "data": {"vocab_size": 16, "seq_len": 16, "num_kv_pairs": 2, "train_size": 32,
-             "val_size": 8, "batch_size": 4},
-    "model": {"d_model": 16, "n_layers": 2},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "ssm": {"block": "ssm", "d_state": 4}},
-    "train": {"max_steps": 10, "warmup_steps": 2},
-    "monitor": {"probe_size": 4},
-}
+from ..conftest import merged, tiny_experiment
+
+TINY = tiny_experiment(
+    data={"vocab_size": 16, "batch_size": 4}, model={"n_layers": 2},
+    variants={"ssm": {"block": "ssm", "d_state": 4}})
+TINY["train"], TINY["monitor"] = {"max_steps": 10, "warmup_steps": 2}, {"probe_size": 4}
 GiB = 2**30
 
 
 def tiny(**sections):
-    raw = json.loads(json.dumps(TINY))
-    for section, values in sections.items():
-        raw[section] = {**raw.get(section, {}), **values}
-    return parse_experiment(raw)
+    return parse_experiment(merged(TINY, **sections))
 
 
 # ---------------------------------------------------------------- the memory estimate

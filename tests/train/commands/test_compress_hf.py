@@ -15,14 +15,9 @@ transformers = pytest.importorskip(
 
 from budgets.lowrank import projectors  # noqa: E402
 from train.cli import main  # noqa: E402
-from train.commands.compress import (  # noqa: E402
-    CompressOptions,
-    HFTarget,
-    calibrate,
-    compress_hf,
-    disjoint_rows,
-    hf_data,
-)
+from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
+from train.commands.compress.calibrate import calibrate, disjoint_rows, hf_data  # noqa: E402
+from train.commands.compress.hf_surgery import HFTarget  # noqa: E402
 from train.hf import load_model  # noqa: E402
 
 

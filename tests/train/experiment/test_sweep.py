@@ -7,22 +7,21 @@ import pytest
 
 from train.cli import main
 from train.config import parse_experiment
-from train.experiment.sweep import best_runs, summarize, sweep_markdown, sweep_table
+from train.experiment.sweep import best_runs, summarize
+from train.render.sweep import sweep_markdown, sweep_table
+
+from ..conftest import tiny_experiment
 
 
 def raw_experiment(**sweep):
-    return {
-        "name": "sw", "seed": 3,
-        "data": {"task": "mqar", "vocab_size": 16, "seq_len": 16, "num_kv_pairs": 2,
-                 "train_size": 64, "val_size": 16, "batch_size": 16},
-        "model": {"d_model": 16, "n_layers": 1},
-        "block_defaults": {"n_heads": 2},
-        "variants": {"mha": {"block": "softmax"}, "ssm": {"block": "ssm", "d_state": 4}},
-        "train": {"max_steps": 8, "val_every_n_steps": 4, "checkpoint_every_n_steps": 4,
-                  "warmup_steps": 0, "lr": 0.002},
-        "monitor": {"every_n_steps": 4, "probe_size": 2},
-        "sweep": sweep,
-    }
+    return tiny_experiment(
+        name="sw", seed=3,
+        data={"task": "mqar", "vocab_size": 16, "train_size": 64, "val_size": 16,
+              "batch_size": 16},
+        variants={"ssm": {"block": "ssm", "d_state": 4}},
+        train={"max_steps": 8, "val_every_n_steps": 4, "checkpoint_every_n_steps": 4,
+               "warmup_steps": 0, "lr": 0.002, "log_every_n_steps": None},
+        monitor={"every_n_steps": 4, "histograms": None}, sweep=sweep)
 
 
 def test_grid_expands_every_variant_by_every_point():

@@ -1,5 +1,5 @@
-"""train/render/__init__.py on reports built by hand in the JSON of issue 12 (and without its keys, as
-older report.json files are): status first, the budget by part, labelled totals, heads,
+"""train/render/ on reports built by hand in the report's JSON (and without its newer keys,
+as older report.json files are): status first, the budget by part, labelled totals, heads,
 the residual stream, advice with its conditions, the HF sections, 80 columns."""
 
 from __future__ import annotations

@@ -38,24 +38,19 @@ from hypothesis import strategies as st
 import zoo
 from train.cli import main
 
-from .conftest import write_run as write_run_dir
+from ..conftest import tiny_experiment
+from ..conftest import write_run as write_run_dir
 
 FAST = settings(max_examples=50, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
 LONG = settings(max_examples=200, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 
-TINY = {
-    "name": "tiny", "seed": 0,
-    "data": {"vocab_size": 16, "seq_len": 8, "num_kv_pairs": 2, "train_size": 32,
-             "val_size": 8, "batch_size": 4},
-    "model": {"d_model": 16, "n_layers": 2},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "ssm": {"block": "ssm", "d_state": 4}},
-    "train": {"max_steps": 4, "warmup_steps": 1, "val_every_n_steps": 2,
-              "checkpoint_every_n_steps": 2, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 2, "probe_size": 2},
-}
+TINY = tiny_experiment(
+    data={"vocab_size": 16, "seq_len": 8, "batch_size": 4}, model={"n_layers": 2},
+    variants={"ssm": {"block": "ssm", "d_state": 4}},
+    train={"max_steps": 4, "val_every_n_steps": 2, "checkpoint_every_n_steps": 2},
+    monitor={"every_n_steps": 2, "histograms": None})
 
 
 # ---------------------------------------------------------------- running the CLI

@@ -14,9 +14,9 @@ import torch
 
 from train.cli import main
 
-from .conftest import tiny_experiment
+from ..conftest import tiny_experiment
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EVERY = 5
 CONFIG = tiny_experiment(
     "markov", name="killed", data={"train_size": 256},

@@ -15,20 +15,17 @@ import torch
 import budgets
 from budgets.lowrank import full_ranks, projectors
 from train.cli import main
-from train.commands.compress import (
-    CompressOptions,
-    ZooTarget,
-    calibrate,
-    compress_run,
-    disjoint_rows,
-    load_variant,
-    zoo_data,
-)
+from train.commands.compress import CompressOptions, compress_run
+from train.commands.compress.calibrate import calibrate, disjoint_rows, zoo_data
+from train.commands.compress.run import load_variant
+from train.commands.compress.zoo_surgery import ZooTarget
 from train.config import parse_experiment
 from train.data import make_splits
 from train.lm.decoder import DecoderLM, build_model
 from train.rundir.files import write_yaml
 from train.rundir.read import load_run
+
+from ..conftest import tiny_experiment
 
 VOCAB = 16
 FAMILIES = {
@@ -162,16 +159,12 @@ def test_keys_that_do_not_apply_are_one_line_errors():
 
 # ---------------------------------------------------------------- a finished run
 
-RAW = {"name": "cz", "seed": 0,
-       "data": {"task": "mqar", "vocab_size": VOCAB * 2, "seq_len": 16, "num_kv_pairs": 2,
-                "train_size": 64, "val_size": 24, "batch_size": 8},
-       "model": {"d_model": 16, "n_layers": 2},
-       "block_defaults": {"n_heads": 2},
-       "variants": {"mha": {"block": "softmax"},
-                    "mla": {"block": "mla", "kv_lora_rank": 8},
-                    "linear": {"block": "linear", "feature_map": "taylor", "feature_dim": 2}},
-       "train": {"max_steps": 7, "warmup_steps": 1},
-       "monitor": {"probe_size": 4}}
+RAW = tiny_experiment(
+    name="cz", data={"task": "mqar", "vocab_size": VOCAB * 2, "train_size": 64, "val_size": 24},
+    model={"n_layers": 2},
+    variants={"mla": {"block": "mla", "kv_lora_rank": 8},
+              "linear": {"block": "linear", "feature_map": "taylor", "feature_dim": 2}})
+RAW["train"], RAW["monitor"] = {"max_steps": 7, "warmup_steps": 1}, {"probe_size": 4}
 
 
 @pytest.fixture(scope="module")

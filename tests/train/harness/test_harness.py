@@ -20,11 +20,11 @@ from train.data import (
     markov_transitions,
     text_splits,
 )
-from train.sizing.match import count_params, matched_widths
 from train.harness.module import LMModule, NonFiniteLoss
 from train.harness.optim import Combined, build_optimizer, muon_params
+from train.sizing.match import count_params, matched_widths
 
-from .conftest import MQA, merged, tiny_experiment
+from ..conftest import MQA, merged, tiny_experiment
 
 BASE = tiny_experiment(name="h", variants={"mqa": MQA}, train={"checkpoint_every_n_steps": 2})
 

@@ -7,17 +7,13 @@ import yaml
 
 from train.cli import main
 
-TINY = {
-    "name": "tiny", "seed": 0,
-    "data": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2, "train_size": 64,
-             "val_size": 16, "batch_size": 8},
-    "model": {"d_model": 16, "n_layers": 2},
-    "block_defaults": {"n_heads": 2},
-    "variants": {"mha": {"block": "softmax"}, "mqa": {"block": "softmax", "n_kv_heads": 1}},
-    "train": {"max_steps": 10, "warmup_steps": 2, "val_every_n_steps": 5,
-              "checkpoint_every_n_steps": 5, "log_every_n_steps": 1},
-    "monitor": {"every_n_steps": 5, "probe_size": 4},
-}
+from ..conftest import MQA, tiny_experiment
+
+TINY = tiny_experiment(
+    data={"train_size": 64, "val_size": 16}, model={"n_layers": 2}, variants={"mqa": MQA},
+    train={"max_steps": 10, "warmup_steps": 2, "val_every_n_steps": 5,
+           "checkpoint_every_n_steps": 5},
+    monitor={"every_n_steps": 5, "probe_size": 4, "histograms": None})
 
 
 def steps(path):
