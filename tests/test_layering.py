@@ -427,3 +427,38 @@ def test_the_rules_find_planted_violations(tmp_path):
         "train/experiment/sweep.py:2: train.experiment.sweep imports lightning.pytorch",
         "train/experiment/sweep.py:3: train.experiment.sweep imports rich.table",
         "train/render/heads.py:1: train.render.heads imports torch.nn"]
+
+
+# ------------------------------------------------------------------ train's subpackages
+
+def subpackage_edges(edges: list[Edge], package: str = "train") -> list[Edge]:
+    """The module edges inside `package` seen one level down: train.cli.report ->
+    train.render.document becomes train.cli -> train.render (the package's own
+    __init__, the public face that re-exports from several jobs, is left out)."""
+    def sub(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if parts[0] == package and len(parts) > 1 else None
+    return [Edge(sub(e.source), sub(e.target), e.where) for e in edges
+            if sub(e.source) and sub(e.target) and sub(e.source) != sub(e.target)]
+
+
+def test_trains_subpackages_form_no_cycle(edges):
+    """Each job of train/ reads only the jobs below it, so one can be read (and tested)
+    without the ones above: the CLI on top, the run directory, config, data and the LM
+    below."""
+    cycles = find_cycles(subpackage_edges(edges))
+    if cycles:
+        pytest.fail("train/'s subpackages import each other:\n  "
+                    + "\n  ".join(describe_cycle(c) for c in cycles), pytrace=False)
+
+
+def test_the_subpackage_check_finds_a_planted_cycle(tmp_path):
+    files = {**CLEAN, "train/rundir/__init__.py": "", "train/render/__init__.py": "",
+             "train/rundir/read.py": "from ..render.document import report_markdown\n",
+             "train/render/document.py": "def report_markdown():\n    pass\n",
+             "train/render/plots.py": "from ..rundir.read import variant_dirs\n"}
+    edges = import_edges(plant(tmp_path, files))
+    assert not find_cycles(edges)  # no cycle between modules ...
+    (cycle,) = find_cycles(subpackage_edges(edges))  # ... but between the two jobs
+    assert {(e.source, e.target) for e in cycle} == {("train.render", "train.rundir"),
+                                                     ("train.rundir", "train.render")}

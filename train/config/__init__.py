@@ -18,11 +18,11 @@ loading, so a bad config fails before any training starts.
     sweep: {...}                          # optional: a grid of optimizer x lr x seed
     finetune: {...}                       # optional: a LoRA stage after training
 
-Modules, each importing only those above it: sections (data, model, train, monitor,
-match), stages (the sweep and finetune sections), experiment (Experiment, Variant), targets
-(a variant's LoRA targets), parse (dict -> Experiment), load (YAML and overrides). Of the
-rest of train/, the package reads only the leaf packages data, lm and sizing and the
-run directory's file helpers (train/rundir/files.py).
+Modules, each importing only those above it: yaml_parse (YAML text with located errors),
+sections (data, model, train, monitor, match), stage_sections (the sweep and finetune
+sections), experiment (Experiment, Variant), targets (a variant's LoRA targets), parse
+(dict -> Experiment), load (YAML files and overrides). Of the rest of train/, the package
+reads only the leaf packages data, lm and sizing.
 """
 
 from .experiment import SECTIONS, Experiment, Variant
@@ -37,7 +37,14 @@ from .sections import (
     check_data_keys,
     parse_section,
 )
-from .stages import SELECT_MODES, SWEEP_AXES, FinetuneConfig, SweepConfig, lora_name, run_name
+from .stage_sections import (
+    SELECT_MODES,
+    SWEEP_AXES,
+    FinetuneConfig,
+    SweepConfig,
+    lora_name,
+    run_name,
+)
 from .targets import linear_names, variant_targets
 
 __all__ = ["SECTIONS", "SELECT_MODES", "SWEEP_AXES", "DataConfig", "Experiment",

@@ -10,7 +10,7 @@ from typing import Any
 from zoo.config import StrictConfig
 
 from .sections import DataConfig, MatchConfig, ModelConfig, MonitorConfig, TrainConfig
-from .stages import FinetuneConfig, SweepConfig
+from .stage_sections import FinetuneConfig, SweepConfig
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import yaml
 from budgets.schema import read_text
 from zoo.config import require
 
-from ..rundir.files import parse_yaml, yaml_problem
 from .experiment import Experiment
 from .parse import parse_experiment
+from .yaml_parse import parse_yaml, yaml_problem
 
 
 class YAML12Loader(yaml.SafeLoader):

@@ -19,7 +19,7 @@ from zoo.config import require, unknown_key_error
 from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
 from .sections import DataConfig, TrainConfig, check_data_keys, parse_section
-from .stages import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_name, run_name
+from .stage_sections import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_name, run_name
 from .targets import linear_names, variant_targets
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

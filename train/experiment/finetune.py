@@ -1,6 +1,6 @@
 """The LoRA fine-tuning stage: adapt pretrained variants to a second task, sweeping r.
 
-The `finetune` section (train/config/stages.py) names the variants, the ranks r, the
+The `finetune` section (train/config/stage_sections.py) names the variants, the ranks r, the
 targets and the second task. After the variants train, each base checkpoint
 runs/<exp>/<variant>/checkpoints/last.ckpt is loaded, adapters are attached
 (train/lm/lora.py) and only they train, on the new task, through train/harness/fit.py's fit_run.

@@ -1,7 +1,7 @@
-"""Hugging Face causal LMs read from disk (train/hf/load.py) and probed on a text for the
+"""Hugging Face causal LMs read from disk (train/hf/model_dir.py) and probed on a text for the
 rank-budget report (train/hf/probe.py)."""
 
-from .load import (
+from .model_dir import (
     ADAPTER_CONFIG,
     DEVICES,
     DTYPES,

@@ -3,7 +3,7 @@
     name, entry = probe_hf("models/tiny-llama", "corpus.txt", seq_len=128, probe_size=4)
     report = budgets.hf.build_hf_report(name, entry)      # or hf_report(...) for both
 
-The model comes from train/hf/load.py and is moved to the device; budgets measures
+The model comes from train/hf/model_dir.py and is moved to the device; budgets measures
 there. The probe batch is cut from the start of a text file, tokenized by the model's own
 tokenizer when one was saved.
 
@@ -22,7 +22,7 @@ from budgets.hf import ProbeProgress, build_hf_report, probe_hf_model
 from budgets.hf_layouts import Geometry
 from budgets.probes import MATFREE_FROM
 
-from .load import adapter_dir, device_of, dtype_of, load_adapter, load_model
+from .model_dir import adapter_dir, device_of, dtype_of, load_adapter, load_model
 
 # ---------------------------------------------------------------- the probe batch
 

@@ -16,6 +16,8 @@ import yaml
 
 from budgets.schema import ANY, Int, MapOf, Maybe, Number, Record, check, read_text
 
+from ..config.yaml_parse import parse_yaml
+
 # What the readers of a run directory take from its YAML files (train/rundir/read.py,
 # train/experiment/stages.py, train/experiment/finetune.py, train/experiment/sweep.py);
 # everything else is compared or parsed by the experiment parser, which names its own errors.
@@ -33,32 +35,6 @@ VARIANT_YAML = Record({}, {"experiment": str, "variant": str, "params": Int(0),
 # by file name: the run directory's files have fixed names (train/rundir/read.py)
 RUN_YAML = {"experiment.yaml": EXPERIMENT_YAML, "config.yaml": VARIANT_YAML}
 MAPPING = Maybe(dict)
-
-
-def yaml_problem(e: yaml.YAMLError) -> tuple[int | None, str]:
-    """(line, what went wrong) of a PyYAML error, without its `"<unicode string>"` marks;
-    the construct the problem was found in is named with where it starts."""
-    mark, context = getattr(e, "problem_mark", None), getattr(e, "context", None)
-    what = getattr(e, "problem", None) or str(e).splitlines()[0]
-    if mark is not None:
-        what += f", column {mark.column + 1}"
-    if context:
-        start = getattr(e, "context_mark", None)
-        what += f"; {context}" + (f" that starts at line {start.line + 1}, column "
-                                  f"{start.column + 1}" if start is not None else "")
-    return (None if mark is None else mark.line + 1), what
-
-
-def parse_yaml(text: str, source: str, loader: type = yaml.SafeLoader) -> Any:
-    """One YAML document; a syntax error is a ValueError naming `source` and the line."""
-    try:
-        return yaml.load(text, Loader=loader)  # SafeLoader or a subclass of it
-    except yaml.YAMLError as e:
-        line, what = yaml_problem(e)
-        raise ValueError(f"{source}{'' if line is None else f':{line}'}: not valid YAML "
-                         f"({what})") from None
-    except RecursionError:
-        raise ValueError(f"{source}: not valid YAML (nested too deeply)") from None
 
 
 def read_yaml(path: Path, spec: Any = None) -> Any:

@@ -40,7 +40,7 @@ One module per job:
   train/commands/compress/zoo_surgery.py  ZooTarget: zoo blocks' caches, a row per family
   train/commands/compress/hf_surgery.py   HFTarget: Hugging Face models' KV caches
   train/commands/compress/calibrate.py    calibration and evaluation data, the bases
-  train/commands/compress/advice.py       the report's advised ranks
+  train/commands/compress/prediction.py       the report's advised ranks
   train/commands/compress/measure.py      the settings, their rows, the verdict
   train/commands/compress/save.py         --save DIR
   train/commands/compress/run.py          compress_run, compress_hf: the document

@@ -19,11 +19,11 @@ from torch import nn
 
 from budgets.lowrank import cache_bytes
 
-from .advice import hf_prediction, zoo_prediction
 from .calibrate import Calibration, calibrate, hf_data, zoo_data
 from .hf_surgery import HFTarget
 from .measure import measure, verdict
 from .options import SCHEMA, SCHEMA_VERSION, CompressOptions, cache_dtype
+from .prediction import hf_prediction, zoo_prediction
 from .save import check_save_dir, save_compressed, save_hf, save_zoo
 from .zoo_surgery import ZooTarget
 
