@@ -56,7 +56,7 @@ def is_adapted(module) -> bool:
 def adapter_ranks(model: nn.Module, eps: float = 0.1) -> list[dict]:
     """Declared cap r and realized metrics of every LoRA pair in `model`.
 
-    Each row: {"module", "adapter", "declared" (r), "shape" [d, k], "scale",
+    Each row: {"module", "adapter", "declared" (min(r, d, k)), "shape" [d, k], "scale",
     "metrics": {metric: float}, "spectrum": [float]}; empty when no adapters are attached.
     """
     check_eps(eps)
@@ -69,7 +69,10 @@ def adapter_ranks(model: nn.Module, eps: float = 0.1) -> list[dict]:
                 s = lowrank_singular_values(B, A, scale)
             shape = (B.shape[-2], A.shape[-1])
             metrics = spectrum_metrics(s, shape, eps)
-            rows.append({"module": mname, "adapter": aname, "declared": int(A.shape[-2]),
+            # B A [d, k] has rank <= min(r, d, k): an r past the projection's width
+            # declares nothing more than the width does
+            declared = min(int(A.shape[-2]), *shape)
+            rows.append({"module": mname, "adapter": aname, "declared": declared,
                          "shape": list(shape), "scale": scale,
                          "metrics": {k: float(v) for k, v in metrics.items()},
                          "spectrum": [float(x) for x in s]})

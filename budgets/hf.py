@@ -3,34 +3,34 @@
     probe, loss = probe_hf_model(model, ids)       # ids: [B, T] token ids
     report = build_hf_report(name, entry)         # entry: {"probe", "step", "params", ...}
 
-One forward pass over the probe batch [B, T] gives, per layer, what a zoo block's probe
-methods give:
+One forward pass over the probe batch [B, T] gives, per attention layer, what a zoo
+block's probe methods give:
 
-  attention       softmax(q k^T) -> mixing, mixing_centered, past_future   (per head),
+  attention       P [B, H, T, T]  -> mixing, mixing_centered, past_future   (per head),
                                     past_future_lengths, heads
   attention input [B, T, D]      -> hidden_centered  (what the layer's attention reads)
   layer input     [B, T, D]      -> residual  (the residual stream, massive activations)
   keys, values    [B, G, T, K]   -> inference.k, inference.v  (joint over KV heads, [B, T, G*K]);
-                                    kv_heads (per KV head; keys before RoPE from k_proj,
-                                    or k_norm where the model normalizes its keys)
+                                    kv_heads (per KV head; keys before RoPE too)
   weights         W_Q^h W_K^h^T [D, D] per head -> qk; W_V^T [D, G*V] -> value; W_O -> out
 
-against caps declared from the config alone (budgets/hf_layouts.py), exactly as zoo's
-softmax block declares them. The entries have probe_model's format, so build_report,
-to_json, verdicts and advice work unchanged. Loading a model and cutting the probe batch
-from a text are the caller's business (train/hf/__init__.py); tensors are measured on the
-device they are on.
+against caps declared from the layer's kind (kind_of: its window, RoPE, sinks, experts)
+through attention_budget, the formula zoo's softmax and sliding_window blocks declare
+through as well. The entries have probe_model's format, so build_report, to_json,
+verdicts and advice work unchanged. Loading a model and cutting the probe batch from a
+text are the caller's business (train/hf/__init__.py); tensors are measured on the device
+they are on.
 
-Two paths, chosen by the probe length T as probe_model chooses them:
+Every layer is read through transformers' attention interface (budgets/hf_capture.py):
+the function the model attends through computes P itself, with the layer's scaling,
+mask, soft-cap and sinks, and returns P V, so the forward continues as eager attention
+would; the projections come from budgets/hf_weights.py, found by watching a short
+forward rather than from a table per model type. Two ways to measure P, chosen by the
+probe length T as probe_model chooses them:
 
-- exact (T < matfree_from): the eager attention path returns every layer's probabilities
-  [B, H, T, T] (output_attentions) and each is decomposed. The model must run 'eager'.
-- matrix-free (T >= matfree_from): no [T, T] tensor is formed. For the forward pass the
-  model's attention implementation is switched to one registered in transformers'
-  AttentionInterface, which receives each layer's rotated queries [B, H, T, K] and keys
-  [B, G, T, K] with its scaling, sliding window and logit soft-cap, measures the layer
-  there (budgets.matfree) and returns SDPA's output, so memory stays flat in the number
-  of layers and the forward continues unchanged. The implementation is restored after.
+- exact (T < matfree_from): each layer's P [B, H, T, T] is formed and decomposed.
+- matrix-free (T >= matfree_from): no [T, T] tensor is formed; the layer is measured from
+  its queries and keys (budgets.matfree) and P V is computed a block of rows at a time.
 """
 
 from __future__ import annotations
@@ -44,7 +44,14 @@ import torch
 from torch import nn
 
 from .adapters import lowrank_singular_values
-from .hf_layouts import EXTRACTORS, AttnWeights, Geometry, declared_budget, layout_of, window_of
+from .budget import attention_budget
+from .hf_cache import as_cached, cache_rows, latent_budget, latent_inputs
+from .hf_capture import AttentionCall, capture, projection_weight
+from .hf_eager import probe_eager
+from .hf_kinds import kind_summary
+from .hf_mixers import unmeasured_mixers, unmeasured_text
+from .hf_ssm import ScanCall, capture_scans, factored_mixing, ssd_budget, ssd_kind, ssd_mixing
+from .hf_weights import DISCOVERY_TOKENS, LayerMap, discover
 from .matfree import K_MAX, AttentionMixing
 from .metrics import check_eps
 from .probes import (
@@ -64,62 +71,68 @@ from .report import build_report
 from .streams import MASSIVE_RATIO, kv_head_figures
 
 ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
-# layouts whose attention rotates keys by RoPE (every supported model type but GPT-2's
-# learned absolute positions): their kv_heads measure keys before RoPE too
-ROPE_LAYOUTS = ("llama",)
-# the name the matrix-free probe registers its attention function under in transformers
-MATFREE_ATTENTION = "rankzoo_matfree"
 
 
-def kv_pairs(out) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (k, v) [B, G, T, K] from the forward's cache, across transformers versions."""
-    cache = out.get("cache")  # transformers 5 renamed past_key_values to cache
-    if cache is None:
-        cache = out.get("past_key_values")
-    if hasattr(cache, "layers"):  # DynamicCache, transformers >= 4.54
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    if hasattr(cache, "key_cache"):  # DynamicCache before that
-        return list(zip(cache.key_cache, cache.value_cache, strict=True))
-    return [(kv[0], kv[1]) for kv in cache]  # the legacy tuple of (k, v) per layer
+def weight_quantities(layer: LayerMap, eps: float) -> dict:
+    """qk, value and out of one layer, each where its projections were found."""
+    H, G, K, _ = layer.shape
+    out = {}
+    if layer.q is not None and layer.k is not None:
+        wq = layer.q.weight().float()  # [H*K, D]
+        D = wq.shape[-1]
+        wq = wq.view(H, K, D)
+        # query head h reads KV head h // (H / G), as HF's repeat_kv arranges them
+        wk = layer.k.weight().float().view(G, K, D).repeat_interleave(H // G, dim=0)
+        # W_Q^h W_K^h^T is D x D of rank <= K: its singular values are those of a K x K core
+        s = lowrank_singular_values(wq.transpose(1, 2), wk)  # [H, K]
+        out["qk"] = summarize_spectrum(s, (D, D), eps)
+    if layer.v is not None:
+        out["value"] = measure(layer.v.weight().float().T, eps)  # [D, G*V]
+    if layer.out is not None:
+        out["out"] = measure(projection_weight(layer.out).detach().float(), eps)  # [D, H*V]
+    return out
 
 
-def weight_quantities(w: AttnWeights, g: Geometry, eps: float) -> dict:
-    H, G, K, D = g.n_heads, g.n_kv_heads, g.head_dim, g.d_model
-    wq = w.wq.detach().float().view(H, K, D)  # [H, K, D]
-    # query head h reads KV head h // (H / G), as HF's repeat_kv arranges them
-    wk = w.wk.detach().float().view(G, K, D).repeat_interleave(H // G, dim=0)  # [H, K, D]
-    # W_Q^h W_K^h^T is D x D of rank <= K: its singular values are those of a K x K core
-    s = lowrank_singular_values(wq.transpose(1, 2), wk)  # [H, K]
-    return {
-        "qk": summarize_spectrum(s, (D, D), eps),
-        "value": measure(w.wv.detach().float().T, eps),  # [D, G*V]
-        "out": measure(w.wo.detach().float(), eps),  # [D, H*V]
-    }
-
-
-def _joint(kv: torch.Tensor) -> torch.Tensor:
-    B, G, T, K = kv.shape
-    return kv.float().transpose(1, 2).reshape(B, T, G * K)  # [B, T, G*K], as zoo caches it
-
-
-def check_layers(layers, g: Geometry) -> list[int]:
+def check_layers(layers, n_layers: int, model_type: str) -> list[int]:
     """The layer indices to measure, sorted (None: all), each checked against the model."""
     if layers is None:
-        return list(range(g.n_layers))
+        return list(range(n_layers))
     if not layers:
         raise ValueError("layers=[]: no layer to measure")
     for i in layers:
-        if not 0 <= i < g.n_layers:
-            raise ValueError(f"layers={i}: out of range; the {g.model_type} model has "
-                             f"{g.n_layers} layers (0-{g.n_layers - 1})")
+        if not 0 <= i < n_layers:
+            raise ValueError(f"layers={i}: out of range; the {model_type} model has "
+                             f"{n_layers} layers (0-{n_layers - 1})")
     return sorted(set(layers))
+
+
+def _experts(module: nn.Module) -> bool:
+    """Whether a decoder layer routes its tokens to experts (a mixture of experts)."""
+    return any("expert" in name.rsplit(".", 1)[-1] for name, _ in module.named_modules())
+
+
+def kind_of(call: AttentionCall, moe: bool) -> dict:
+    """One attention layer's kind, from what its attention call declared: sliding window W
+    or global; RoPE or not; soft-capped logits; sinks; experts after it."""
+    kind = {"attention": "sliding" if call.window else "global", "window": call.window,
+            "rope": call.rope, "softcap": call.softcap, "sinks": call.sinks is not None,
+            "moe": moe}
+    # no RoPE: NoPE layers, or learned absolute positions added before the first layer
+    kind["label"] = (f"sliding W={call.window}" if call.window else "global") + (
+        "" if call.rope else " no RoPE")
+    return kind
+
+
+class NoMixers(ValueError):
+    """The model shows no attention call and no SSD scan to the capture."""
 
 
 @dataclass
 class _Probe:
-    """One probe's settings and the layer entries measured so far (both paths fill it)."""
+    """One probe's settings and the layer entries measured so far."""
 
     model: nn.Module
+    ids: torch.Tensor  # [B, T] (its start finds the projections)
     eps: float
     asked: list[int] | None = None  # layer indices to measure; None: all
     with_spectra: bool = False
@@ -129,41 +142,51 @@ class _Probe:
     layers: dict[int, dict] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.g = Geometry.from_config(self.model.config)
-        layout = layout_of(self.g.model_type, type(self.model).__name__)
-        self.rope = layout in ROPE_LAYOUTS
-        self.attention = EXTRACTORS[layout](self.model)
-        if len(self.attention) != self.g.n_layers:
-            raise ValueError(f"{self.g.model_type}: found {len(self.attention)} attention "
-                             f"layers, but the config declares num_hidden_layers="
-                             f"{self.g.n_layers}")
-        self.wanted = check_layers(self.asked, self.g)
-        self.index = {module: i for i, (module, _) in enumerate(self.attention)}
-        self.names = {m: n for n, m in self.model.named_modules()}
+        self.model_type = getattr(self.model.config, "model_type", type(self.model).__name__)
+        self.maps = _mixers(self.model, self.ids)
+        # layers mixing by anything else (short convolutions, Gated DeltaNet, RG-LRU, ...)
+        self.unmeasured = unmeasured_mixers(self.model, [m.name for m in self.maps])
+        if not self.maps:
+            mixers = f" (its mixers: {unmeasured_text(self.unmeasured)})" \
+                if self.unmeasured else ""
+            raise NoMixers(f"{self.model_type}: no layer attends through transformers' "
+                           f"attention interface or mixes by a Mamba scan{mixers}, "
+                           f"and the model returns no attention probabilities, so the "
+                           f"probe cannot read it")
+        self.wanted = check_layers(self.asked, len(self.maps), self.model_type)
+        self.index = {m.module: i for i, m in enumerate(self.maps)}
         self.start = time.perf_counter()
 
-    def record(self, i: int, figures: tuple[dict, dict], x: torch.Tensor, kv,
-               streams: dict[str, dict[int, torch.Tensor]]) -> None:
+    def record(self, i: int, figures: tuple[dict, dict], x: torch.Tensor,
+               call: AttentionCall | ScanCall, streams: dict[str, dict[int, torch.Tensor]]
+               ) -> None:
         """Layer i's entry from its mixing figures (mixing_figures), its input x [B, T, D],
-        its keys and values [B, G, T, K] and what _layer_streams caught of it (taken out
-        of `streams`); then the progress callback."""
-        module, w = self.attention[i]
-        name = self.names[module]
+        its attention or scan call and what _layer_streams caught of it (taken out of
+        `streams`); then the progress callback."""
+        layer_map = self.maps[i]
         quantities, extras = figures
         quantities["hidden_centered"], residual = stream_figures(
             x, streams["residual"].pop(i, None), self.eps, self.massive_ratio)
         if residual is not None:
             extras["residual"] = residual
-        heads = {"k": kv[0], "v": kv[1]}
-        k_pre = streams["k_pre_rope"].pop(i, None)
-        if k_pre is not None:  # the tokens the cache keeps (a window's last W - 1)
-            heads["k_pre_rope"] = k_pre[..., k_pre.shape[-2] - kv[0].shape[-2]:, :]
-        extras["kv_heads"] = kv_head_figures(heads, self.eps)
-        layer = _layer_entry(i, name, self.g, self.model.config, w, module, quantities, x, kv,
-                             self.eps, extras)
+        owner = residual_owner(self.model, layer_map.name)
+        moe = _experts(self.model.get_submodule(owner) if owner else layer_map.module)
+        if isinstance(call, ScanCall):
+            extras["kind"] = ssd_kind(call, moe)
+            layer = _ssm_entry(i, layer_map, self.model_type, quantities, x, call, extras)
+        else:
+            k, v = as_cached(call.key, call.value, call.window)
+            heads = {"k": k, "v": v}
+            if call.key_pre is not None:  # the tokens the cache keeps (a window's last W - 1)
+                heads["k_pre_rope"] = call.key_pre[..., call.key_pre.shape[-2] - k.shape[-2]:, :]
+            extras["kv_heads"] = kv_head_figures(heads, self.eps)
+            extras["kind"] = kind_of(call, moe)
+            layer = _layer_entry(i, layer_map, self.model_type, quantities, x, call,
+                                 streams["latent"].pop(i, None), self.eps, extras)
         # LoRA pairs anywhere in the decoder layer (attention or MLP), if an adapter
         # was loaded; rows are named relative to the layer (self_attn.q_proj, ...)
-        add_adapters(layer, self.model.get_submodule(name.rpartition(".")[0]), self.eps)
+        add_adapters(layer, self.model.get_submodule(layer_map.name.rpartition(".")[0]),
+                     self.eps)
         if not self.with_spectra:
             del layer["spectra"]
         self.layers[i] = layer
@@ -172,20 +195,68 @@ class _Probe:
                                         time.perf_counter() - self.start))
 
 
-def _layer_entry(i: int, name: str, g: Geometry, config, w: AttnWeights, module: nn.Module,
-                 mixing: dict, x: torch.Tensor, kv, eps: float, extras: dict) -> dict:
-    g.check(i, w)
-    T = x.shape[1]
-    measured = dict(mixing)  # mixing, mixing_centered, past_future, hidden_centered
-    measured.update(weight_quantities(w, g, eps))
-    measured["inference.k"] = measure(_joint(kv[0]), eps, batch_dims=1)
-    measured["inference.v"] = measure(_joint(kv[1]), eps, batch_dims=1)
-    params = sum(p.numel() for p in module.parameters())
+@dataclass
+class SSMMap:
+    """One Mamba-2-family mixer, as its scan call showed it."""
+
+    module: nn.Module
+    name: str
+
+
+def _mixers(model: nn.Module, ids: torch.Tensor) -> list[LayerMap | SSMMap]:
+    """The attention layers (budgets/hf_weights.py) and SSD mixers of `model`, in the
+    model's module order."""
+    attention = discover(model, ids)
+    with (torch.no_grad(), capture(model, lambda call: None),
+          capture_scans(model, lambda call: None) as scans):
+        model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
+    names = {m: n for n, m in model.named_modules()}
+    ssm = [SSMMap(c.module, names[c.module]) for c in scans if c.module in names]
+    order = {m: k for k, m in enumerate(model.modules())}
+    return sorted([*attention, *ssm], key=lambda m: order[m.module])
+
+
+def _ssm_entry(i: int, layer: SSMMap, block: str, mixing: dict, x: torch.Tensor,
+               call: ScanCall, extras: dict) -> dict:
+    params = sum(p.numel() for p in layer.module.parameters())
+    extras["not_measured"] = ["the SSD state and the mixer's projections (an SSM layer: its "
+                              "mixing alone is measured)"]
     return {
-        "layer": i, "name": name, "block": g.model_type,
-        "budget": declared_budget(g, T, window_of(config, i), params).to_dict(),
+        "layer": i, "name": layer.name, "block": block,
+        "budget": ssd_budget(call, x.shape[1], x.shape[-1], params, block).to_dict(),
+        "quantities": {q: m for q, (m, _) in mixing.items()},
+        **extras,
+        "spectra": {q: s for q, (_, s) in mixing.items() if s.numel()},
+    }
+
+
+def declared_caps(layer: LayerMap, seq_len: int, d_model: int, window: int | None,
+                  params: int, block: str):
+    """The caps of one layer, as zoo's softmax / sliding_window blocks declare them."""
+    H, G, K, _ = layer.shape
+    return attention_budget(block, seq_len, n_heads=H, n_kv_heads=G, head_dim=K,
+                            d_model=d_model, window=window, params=params)
+
+
+def _layer_entry(i: int, layer: LayerMap, block: str, mixing: dict, x: torch.Tensor,
+                 call: AttentionCall, latent: torch.Tensor | None, eps: float,
+                 extras: dict) -> dict:
+    """An attention layer's entry; `latent`: the latent it caches (MLA), else None."""
+    measured = dict(mixing)  # mixing, mixing_centered, past_future, hidden_centered
+    measured.update(weight_quantities(layer, eps))
+    measured.update(cache_rows(call, latent, eps))  # inference.k/v, or the latent's rows
+    params = sum(p.numel() for p in layer.module.parameters())
+    budget = declared_caps(layer, x.shape[1], x.shape[-1], call.window, params, block)
+    missing = layer.missing()
+    if missing:
+        extras["not_measured"] = [f"{', '.join(missing)}: no linear of the layer's input "
+                                  f"gives them (their rows are not measured)"]
+    return {
+        "layer": i, "name": layer.name, "block": block,
+        "budget": (latent_budget(budget, latent, call) if latent is not None
+                   else budget).to_dict(),
         "quantities": {q: m for q, (m, _) in measured.items()},
-        **extras,  # past_future_lengths, heads, residual, kv_heads
+        **extras,  # past_future_lengths, heads, residual, kv_heads, kind
         # matrix-free quantities have no spectrum (an empty one): nothing to keep or plot
         "spectra": {q: s for q, (_, s) in measured.items() if s.numel()},
     }
@@ -198,7 +269,7 @@ def _attention_inputs(modules: dict[nn.Module, int]):
     seen: dict[int, torch.Tensor] = {}
 
     def hook(module, args, kwargs):
-        seen[modules[module]] = (args[0] if args else kwargs["hidden_states"]).detach()
+        seen[modules[module]] = first_tensor(args, kwargs).detach()
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     try:
@@ -208,22 +279,13 @@ def _attention_inputs(modules: dict[nn.Module, int]):
             h.remove()
 
 
-def pre_rope_module(attention: nn.Module) -> nn.Module | None:
-    """The module whose output is the keys RoPE rotates: k_norm where the model normalizes
-    its keys per head (Qwen3, Gemma 3, OLMo 2), else the k projection."""
-    for name in ("k_norm", "k_proj"):
-        if isinstance(getattr(attention, name, None), nn.Module):
-            return getattr(attention, name)
-    return None
-
-
 @contextlib.contextmanager
 def _layer_streams(p: _Probe):
     """Collect, by layer index for the wanted layers, {"residual": the decoder layer's
-    input [B, T, D] (the residual stream; probes.residual_owner), "k_pre_rope": the keys
-    before RoPE [B, G, T, K] (RoPE layouts only)}."""
-    seen: dict[str, dict[int, torch.Tensor]] = {"residual": {}, "k_pre_rope": {}}
-    G, K = p.g.n_kv_heads, p.g.head_dim
+    input [B, T, D] (the residual stream; probes.residual_owner), "latent": the latent an
+    MLA layer caches (budgets/hf_cache.py)}."""
+    seen: dict[str, dict[int, torch.Tensor]] = {"residual": {}}
+    latents = {p.maps[i].latent: i for i in p.wanted if getattr(p.maps[i], "latent", None)}
 
     def residual_hook(i):
         def hook(module, args, kwargs):
@@ -232,24 +294,15 @@ def _layer_streams(p: _Probe):
                 seen["residual"][i] = x.detach()
         return hook
 
-    def key_hook(i):
-        def hook(module, args, out):
-            B, T = out.shape[:2]  # [B, T, G*K] from k_proj, [B, T, G, K] from k_norm
-            seen["k_pre_rope"][i] = out.detach().reshape(B, T, G, K).transpose(1, 2)
-        return hook
-
     handles = []
     for i in p.wanted:
-        module = p.attention[i][0]
-        owner = residual_owner(p.model, p.names[module])
+        owner = residual_owner(p.model, p.maps[i].name)
         if owner is not None:
             handles.append(p.model.get_submodule(owner).register_forward_pre_hook(
                 residual_hook(i), with_kwargs=True))
-        keys = pre_rope_module(module) if p.rope else None
-        if keys is not None:
-            handles.append(keys.register_forward_hook(key_hook(i)))
     try:
-        yield seen
+        with latent_inputs(latents) as seen["latent"]:  # MLA: the latent each layer caches
+            yield seen
     finally:
         for h in handles:
             h.remove()
@@ -261,117 +314,34 @@ def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
                                                    ids[:, 1:].flatten()))
 
 
-# ---------------------------------------------------------------- exact
+def _measuring(p: _Probe, inputs: dict[int, torch.Tensor], streams: dict, matfree: bool):
+    """The captures' callback: each wanted layer measured from its call, exactly from P (or
+    an SSD mixer's M) or matrix-free from its queries and keys (its factors); P freed as
+    soon as it is measured."""
 
-def _forward(model, ids: torch.Tensor, g: Geometry) -> tuple[dict, float]:
-    """The model's outputs on ids [B, T] (attentions, hidden states, cache), and its mean
-    next-token loss."""
-    out = model(input_ids=ids, output_attentions=True, output_hidden_states=True,
-                use_cache=True)
-    if out.get("attentions") is None or any(a is None for a in out["attentions"]):
-        raise ValueError(f"{g.model_type}: the model returned no attention probabilities "
-                         f"(attn_implementation={model.config._attn_implementation!r}, "
-                         f"need 'eager')")
-    return out, _next_token_loss(out["logits"], ids)
-
-
-def _probe_exact(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Every layer's probabilities [B, H, T, T] from the eager path, decomposed; returns
-    (final hidden states [B, T, D], loss)."""
-    with _attention_inputs(p.index) as inputs, _layer_streams(p) as streams:
-        out, loss = _forward(p.model, ids, p.g)
-    kv = kv_pairs(out)
-    for i in p.wanted:
-        p.record(i, mixing_figures(out["attentions"][i].float(), p.eps), inputs[i], kv[i],
-                 streams)
-    # the last entry is the final norm's output, what the LM head reads
-    return out["hidden_states"][-1], loss
-
-
-# ---------------------------------------------------------------- matrix-free
-
-def _transformers_attention():
-    """(ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask, sdpa_attention_forward).
-
-    transformers is the optional `hf` extra, not a dependency of budgets: it is imported
-    here, when a matrix-free probe of a transformers model runs, never by `import budgets`.
-    """
-    try:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError as e:
-        raise ValueError(f"the matrix-free probe needs transformers' AttentionInterface "
-                         f"(transformers >= 5), not available here ({e}); measure exactly "
-                         f"with matfree_from=None") from None
-    return ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask, sdpa_attention_forward
-
-
-def _softcapped_output(mixing: AttentionMixing, value: torch.Tensor) -> torch.Tensor:
-    """softmax(softcap * tanh(q k^T * scale / softcap)) @ v, [B, T, H, V], a chunk of rows
-    at a time (SDPA has no logit soft-capping). The probe batch has no padding, so the
-    causal (and window) mask the operator applies is the whole mask."""
-    H, G = mixing.q.shape[1], value.shape[1]
-    v = value.float().repeat_interleave(H // G, dim=1)  # [B, H, T, V]
-    return mixing.full().matmul(v).transpose(1, 2).to(value.dtype)  # [B, T, H, V]
-
-
-def _as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
-    """Keys and values [B, G, T, K] as the exact path's cache holds them after the prefill:
-    a windowed layer's cache keeps the last W - 1 (the next query brings the W-th)."""
-    if window is None:
-        return key, value
-    start = max(key.shape[-2] - max(window - 1, 1), 0)
-    return key[..., start:, :], value[..., start:, :]
-
-
-def _scale(kwargs: dict, query: torch.Tensor) -> float:
-    scaling = kwargs.get("scaling")
-    return query.shape[-1] ** -0.5 if scaling is None else float(scaling)  # SDPA's default
-
-
-def _measuring_attention(p: _Probe, inputs: dict[int, torch.Tensor], streams: dict,
-                         sdpa: Callable):
-    """An attention function (transformers' interface) that measures each wanted layer from
-    its queries [B, H, T, K] and keys [B, G, T, K], then attends as SDPA does."""
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        i = p.index[module]
-        x = inputs.pop(i)  # freed as soon as the layer is measured
-        softcap = kwargs.get("softcap")
-        if i in p.wanted or softcap is not None:
-            # the window as the layer declares it to its attention (keys s > t - W, the
-            # query included), which is the mask transformers builds for it too
-            mixing = AttentionMixing(query, key, _scale(kwargs, query),
-                                     kwargs.get("sliding_window"), softcap)
+    def on_call(call: AttentionCall | ScanCall) -> None:
+        i = p.index.get(call.module)
+        if i is None:
+            return
+        x = inputs.pop(i)
         if i in p.wanted:
-            kv = _as_cached(key, value, kwargs.get("sliding_window"))
-            p.record(i, mixing_figures_matfree(mixing, p.eps, p.k_max), x, kv, streams)
-        if softcap is not None:
-            return _softcapped_output(mixing, value), None
-        return sdpa(module, query, key, value, attention_mask, **kwargs)
+            p.record(i, _figures(p, call, matfree), x, call, streams)
+        if isinstance(call, AttentionCall):
+            call.probs = None
 
-    return attention
+    return on_call
 
 
-@contextlib.contextmanager
-def _attention_implementation(model, attention: Callable):
-    """The model attending through `attention` inside, its own implementation restored
-    afterwards (on an exception too)."""
-    functions, masks, sdpa_mask, _ = _transformers_attention()
-    if not callable(getattr(model, "set_attn_implementation", None)):
-        raise ValueError(f"{type(model).__name__} cannot switch its attention implementation "
-                         f"(transformers >= 5 needed); measure exactly with matfree_from=None")
-    # masks as SDPA takes them (a registry keyed by name; registering again is harmless)
-    masks.register(MATFREE_ATTENTION, sdpa_mask)
-    functions[MATFREE_ATTENTION] = attention  # the shared interface's local mapping
-    before = model.config._attn_implementation
-    try:
-        model.set_attn_implementation(MATFREE_ATTENTION)
-        yield
-    finally:
-        model.set_attn_implementation(before)
-        del functions[MATFREE_ATTENTION]
+def _figures(p: _Probe, call: AttentionCall | ScanCall, matfree: bool) -> tuple[dict, dict]:
+    if isinstance(call, ScanCall):
+        if matfree:
+            return mixing_figures_matfree(factored_mixing(call), p.eps, p.k_max)
+        return mixing_figures(ssd_mixing(call).float(), p.eps)
+    if matfree:
+        mixing = AttentionMixing(call.query, call.key, call.scaling, call.window,
+                                 call.softcap, call.sinks)
+        return mixing_figures_matfree(mixing, p.eps, p.k_max)
+    return mixing_figures(call.probs.float(), p.eps)
 
 
 @contextlib.contextmanager
@@ -386,20 +356,15 @@ def _head_input(model):
         handle.remove()
 
 
-def _probe_matfree(p: _Probe, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Each wanted layer measured inside its attention call, matrix-free; returns (final
-    hidden states [B, T, D], loss). No attention probabilities, no cache, no per-layer
-    hidden states are kept."""
-    sdpa = _transformers_attention()[3]
+def _probe(p: _Probe, ids: torch.Tensor, matfree: bool) -> tuple[torch.Tensor, float]:
+    """Each wanted layer measured inside its attention call; returns (final hidden states
+    [B, T, D], loss). No per-layer hidden states or cache are kept."""
     with (_attention_inputs(p.index) as inputs, _layer_streams(p) as streams,
-          _head_input(p.model) as head,
-          _attention_implementation(p.model, _measuring_attention(p, inputs, streams, sdpa))):
-        out = p.model(input_ids=ids, use_cache=False)
-    missing = [i for i in p.wanted if i not in p.layers]
-    if missing:
-        raise ValueError(f"{p.g.model_type}: layers {missing} never called the attention "
-                         f"interface, so they cannot be measured matrix-free; measure "
-                         f"exactly with matfree_from=None")
+          _head_input(p.model) as head):
+        on_call = _measuring(p, inputs, streams, matfree)
+        with (capture(p.model, on_call, keep_probs=not matfree, matfree=matfree),
+              capture_scans(p.model, on_call)):
+            out = p.model(input_ids=ids, use_cache=False)
     return head[-1], _next_token_loss(out["logits"], ids)
 
 
@@ -420,15 +385,35 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: boo
     check_eps(eps)  # before the forward pass, so a bad eps costs nothing
     T = int(ids.shape[1])
     matfree = matfree_from is not None and matfree_from <= T
-    p = _Probe(model, eps, layers, with_spectra, k_max, progress, massive_ratio)  # checks layers
     with torch.no_grad():
-        final, loss = (_probe_matfree if matfree else _probe_exact)(p, ids)
+        try:
+            p = _Probe(model, ids, eps, layers, with_spectra, k_max, progress, massive_ratio)
+        except NoMixers as e:  # no interface: P from the eager path, if it gives it
+            return _probe_eager(model, ids, eps, layers, with_spectra, massive_ratio, e)
+        final, loss = _probe(p, ids, matfree)
     probe = {"seq_len": T, "eps": float(eps), "batch_size": int(ids.shape[0]),
              "layers": [p.layers[i] for i in p.wanted],
              "final_hidden": final_hidden_metrics(final, eps)}
     if matfree:
         probe["matfree"] = {"from": matfree_from, "k_max": k_max}
+    if p.unmeasured:
+        probe["unmeasured_mixers"] = p.unmeasured
     return probe, loss
+
+
+def _probe_eager(model, ids: torch.Tensor, eps: float, layers, with_spectra: bool,
+                 massive_ratio: float, why: NoMixers) -> tuple[dict, float]:
+    """probe_hf_model's answer from budgets/hf_eager.py, exact whatever the length."""
+    model_type = model.config.model_type
+    wanted = check_layers(layers, int(model.config.num_hidden_layers), model_type)
+    found = probe_eager(model, ids, eps, wanted, massive_ratio)
+    if found is None:
+        raise why
+    entries, final, loss = found
+    for layer in entries if not with_spectra else ():
+        del layer["spectra"]
+    return {"seq_len": int(ids.shape[1]), "eps": float(eps), "batch_size": int(ids.shape[0]),
+            "layers": entries, "final_hidden": final_hidden_metrics(final, eps)}, loss
 
 
 def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
@@ -440,6 +425,13 @@ def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
     report["source"] = {**source, **({"matfree": probe["matfree"]} if "matfree" in probe
                                      else {})}
     for layer, probed in zip(report["variants"][0]["layers"], probe["layers"], strict=True):
-        eranks = {q: probed["quantities"][q]["erank"] for q in ERANK_QUANTITIES}
+        # matrix-free SSM layers have no whole-mixing figures: empty lists there
+        eranks = {q: probed["quantities"].get(q, {}).get("erank", []) for q in ERANK_QUANTITIES}
         layer["erank"] = eranks  # per head (hidden_centered: one value per layer)
+        for key in ("kind", "not_measured"):
+            if key in probed:
+                layer[key] = probed[key]
+    report["kinds"] = kind_summary(report["variants"][0]["layers"])
+    if probe.get("unmeasured_mixers"):  # decoder layers mixing by what no capture reads
+        report["unmeasured_mixers"] = probe["unmeasured_mixers"]
     return report

@@ -23,7 +23,7 @@ W -> U_r U_r^T W, b -> U_r U_r^T b, per head (project_rows). For keys with RoPE 
 projection acts on the keys before the rotation, which the model then applies to the
 rebuilt keys.
 
-Bytes follow the KV advice (budgets/advice.py lowrank_cache_bytes, one formula): per
+Bytes follow the KV advice (budgets/kv_advice.py lowrank_cache_bytes, one formula): per
 token, the r codes of every head of every slot at the cache dtype, plus each basis
 (width x r) once per sequence, amortized at a stated length T; a full cache holds every
 width. A state slot (a fixed-size recurrent state, not one entry per token) keeps per
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .advice import lowrank_cache_bytes
+from .kv_advice import lowrank_cache_bytes
 from .metrics import check_eps, singular_values, spectrum_metrics
 from .verdicts import DTYPE_BYTES
 

@@ -69,7 +69,8 @@ class Operator:
 
 class AttentionOperator(Operator):
     """The block P[r0:r1, c0:c1] of causal softmax attention P = softmax(q k^T * scale)
-    (keys s <= t, and s > t - window when a window is set), for q, k [*batch, T, K].
+    (keys s <= t, and s > t - window when a window is set), for q, k [*batch, T, K];
+    sink logits [H] (the last batch dim is the head) join each row's normalizer only.
 
     One pass computes each row's log-sum-exp over every key it sees (the normalizer needs
     the keys outside the block too) and the block's exact Frobenius norm; every product
@@ -77,10 +78,12 @@ class AttentionOperator(Operator):
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, scale: float,
                  window: int | None = None, rows: tuple[int, int] | None = None,
-                 cols: tuple[int, int] | None = None, softcap: float | None = None):
+                 cols: tuple[int, int] | None = None, softcap: float | None = None,
+                 sinks: torch.Tensor | None = None):
         T = q.shape[-2]
         self.q, self.k, self.scale, self.window = q.float(), k.float(), float(scale), window
         self.softcap = softcap
+        self.sinks = None if sinks is None else sinks.float().reshape(-1, 1)  # [H, 1]
         self.rows, self.cols = rows or (0, T), cols or (0, T)
         self.batch, self.dtype, self.device = tuple(q.shape[:-2]), torch.float32, q.device
         self.shape = (self.rows[1] - self.rows[0], self.cols[1] - self.cols[0])
@@ -110,6 +113,8 @@ class AttentionOperator(Operator):
         for t0, t1 in self._chunks():
             lo = 0 if self.window is None else max(0, t0 - self.window + 1)
             row_lse = torch.logsumexp(self._scores(t0, t1, lo, t1), dim=-1)  # [*batch, c]
+            if self.sinks is not None:  # the sink column takes its share of each row
+                row_lse = torch.logaddexp(row_lse, self.sinks)
             lse.append(row_lse)
             fro2 += self._probs(t0, t1, row_lse).square().sum((-2, -1))
         return torch.cat(lse, dim=-1), fro2
@@ -310,6 +315,7 @@ class AttentionMixing:
     scale: float
     window: int | None = None
     softcap: float | None = None
+    sinks: torch.Tensor | None = None  # [H] sink logits (gpt-oss)
 
     def __post_init__(self) -> None:
         H, G = self.q.shape[-3], self.k.shape[-3]
@@ -319,7 +325,7 @@ class AttentionMixing:
 
     def operator(self, rows=None, cols=None) -> Operator:
         return AttentionOperator(self.q, self.k, self.scale, self.window, rows, cols,
-                                 self.softcap)
+                                 self.softcap, self.sinks)
 
     def full(self) -> Operator:
         return self.operator()
@@ -335,7 +341,7 @@ class AttentionMixing:
     def prefix(self, t: int) -> AttentionMixing:
         """The mixing of the first t tokens: causal, so the top-left t x t corner."""
         return AttentionMixing(self.q[..., :t, :], self.k[..., :t, :], self.scale,
-                               self.window, self.softcap)
+                               self.window, self.softcap, self.sinks)
 
 
 @dataclass

@@ -310,8 +310,8 @@ CONDITIONS = Record({"eps": float, "seq_len": Int(1), "checked": bool},
 ADVICE = Record({"kind": str, "text": str},
                 {"variant": str, "layer": Int(0), "conditions": CONDITIONS})
 REPORT = Record({"schema": str, "version": int, "variants": ListOf(REPORT_VARIANT, min_len=1)},
-                {"experiment": str, "advice": ListOf(ADVICE), "thresholds": dict,
-                 "head_rules": str})
+                {"experiment": str, "advice": ListOf(ADVICE), "findings": ListOf(ADVICE),
+                 "thresholds": dict, "head_rules": str})
 
 # One probe record: a line of ranks.jsonl ({"step": ..., **probe_model(...)}). Only the
 # metrics the report and the figures read are checked; rank_eps counts are finite, an

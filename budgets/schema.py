@@ -187,6 +187,19 @@ def as_spec(spec: Any) -> Spec:
     raise TypeError(f"not a schema spec: {spec!r}")
 
 
+def same_lengths(record: Any, source: str, where: str = "") -> None:
+    """The lists among a record's values, all of one length (per-head figures: one entry
+    per head, read side by side); else a ValueError naming `source`, `where` and two of
+    them. A record that is no dict is left to its schema."""
+    if not isinstance(record, dict):
+        return
+    lengths = {k: len(v) for k, v in record.items() if isinstance(v, list)}
+    if len(set(lengths.values())) > 1:
+        (a, n), (b, m) = sorted(lengths.items(), key=lambda kv: kv[1])[::len(lengths) - 1]
+        raise ValueError(f"{source}: {where}: per-head lists of different lengths ({a} has "
+                         f"{n}, {b} has {m})")
+
+
 def check(value: Any, spec: Any, source: str = "") -> Any:
     """`value` itself when it has the shape `spec` declares; else a ValueError naming
     `source` (a file, `file:line`) and the path of the first field that is wrong."""

@@ -37,6 +37,7 @@ class VerdictThresholds:
     collapsed_erank: float = 2.0    # centered mixing erank <= this: the layer collapsed
     cheaper_block_util: float = 0.5  # suggest a cheaper block only if it at least halves the cap
     min_compression: float = 1.25   # advise a low-rank KV cache only from this ratio up (at T)
+    solved_fraction: float = 0.9    # solved: the way from the task's baseline to perfect
     flat_abs: float = 1.0           # past->future rank flat over T: grows by at most
     flat_rel: float = 0.1           # max(flat_abs, flat_rel * rank at the shortest length)
     cache_dtype: str = "bfloat16"   # the dtype the KV bytes are counted in
@@ -49,6 +50,8 @@ class VerdictThresholds:
         if not 0.0 < self.cheaper_block_util <= 1.0:
             raise ValueError(f"cheaper_block_util must lie in (0, 1], "
                              f"got {self.cheaper_block_util}")
+        if not 0.0 < self.solved_fraction <= 1.0:
+            raise ValueError(f"solved_fraction must lie in (0, 1], got {self.solved_fraction}")
         if self.flat_abs < 0 or self.flat_rel < 0:
             raise ValueError(f"flat_abs ({self.flat_abs}) and flat_rel ({self.flat_rel}) "
                              f"must be >= 0")

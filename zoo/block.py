@@ -123,7 +123,19 @@ class Block(nn.Module):
     # The contract: checks and setup here, the math in each block's hooks.
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
         self.check_input(x)
+        if cache is not None:
+            self.check_cache(x, cache)
         return self._forward(x, cache)
+
+    def check_cache(self, x: torch.Tensor, cache: Any) -> None:
+        """A cache holds one state per sequence, made by init_cache(batch, ...): its batch
+        must be x's. Every cache keeps its per-sequence tensors with the batch first."""
+        held = next((t.shape[0] for t in getattr(cache, "__dict__", {}).values()
+                     if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+        if held is not None and held != x.shape[0]:
+            raise ValueError(f"{self.kind}: the cache holds {held} sequences (init_cache("
+                             f"batch={held}, ...)) but x has {x.shape[0]}, shape "
+                             f"{tuple(x.shape)}; make the cache with batch={x.shape[0]}")
 
     def init_cache(self, batch: int, max_len: int) -> Any:
         positive_int("init_cache", batch=batch, max_len=max_len)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import types
 import typing
 from dataclasses import MISSING, dataclass, fields
@@ -75,6 +76,9 @@ def check_types(cfg: Any, owner: str) -> None:
         if not any(is_instance(value, t) for t in allowed):
             names = " or ".join(_type_name(t) for t in allowed)
             raise ValueError(f"{owner}.{f.name} must be {names}, got {value!r}")
+        # inf and nan pass every `> 0` check that nan does not fail; no setting means them
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{owner}.{f.name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,20 @@ def positive_int(owner: str, **values: Any) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
+
+
+# The largest seed every generator a run seeds accepts: numpy's (Lightning seeds it too)
+# stops at 2**32 - 1, torch's at 2**64 - 1.
+MAX_SEED = 2**32 - 1
+
+
+def seed_value(where: str, value: Any, optional: bool = False) -> None:
+    """A seed: an int in [0, MAX_SEED] (None too when `optional`), named by `where`."""
+    if optional and value is None:
+        return
+    require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED,
+            f"{where} must be a non-negative int up to {MAX_SEED}"
+            f"{' or null' if optional else ''}, got {value!r}")
 
 
 def positive_number(owner: str, **values: Any) -> None:

@@ -39,6 +39,14 @@ def test_r_larger_than_d_and_shape_mismatch():
         lowrank_singular_values(B, torch.randn(4, 7))
 
 
+def test_the_declared_cap_is_never_above_the_projection():
+    """B A [d, k] has rank <= min(r, d, k): r = 10000 on a 12 x 16 projection declares 12,
+    on a 32 x 8 one 8; an r below both is r."""
+    for d_in, d_out, r, cap in [(16, 12, 10000, 12), (8, 32, 10000, 8), (16, 12, 5, 5)]:
+        row, = adapter_ranks(nn.ModuleDict({"q": PlainLoRA(d_in, d_out, r)}))
+        assert row["declared"] == cap and row["shape"] == [d_out, d_in]
+
+
 class PeftLinear(nn.Module):
     """Stand-in with peft's LoraLayer attribute layout (peft is not installed here)."""
 

@@ -76,7 +76,8 @@ def test_a_flat_low_rank_layer_gets_a_fixed_state_with_its_conditions(probed):
     report = report_of(layer)
     item = the(report, "cheaper_block")
     observed = [m for e in layer["past_future_lengths"] for m in e["rank_eps_max"]]
-    assert item["state"] == math.ceil(max(observed)) and item["lengths"] == [8, 16, 32]
+    # T = 8 is not judged: its past->future block is 4 x 4, too small to hold a state of 5
+    assert item["state"] == math.ceil(max(observed)) and item["lengths"] == [16, 32]
     assert item["conditions"] == {"eps": 0.1, "batch_size": B, "seq_len": T, "checked": True,
                                   "max_observed": max(layer["quantities"]["past_future"][
                                       "rank_eps_max"])}
@@ -92,11 +93,38 @@ def test_the_bound_is_the_sample_max_not_the_batch_mean(probed):
 
 
 def test_a_rank_that_grows_with_t_gets_no_fixed_state(probed):
-    report = report_of(probed(pf_max=(3, 6), past_future_lengths=lengths((2, 2), (3, 4),
-                                                                        (3, 6))))
+    report = report_of(probed(pf_max=(3, 3), past_future_lengths=lengths((1, 1), (2, 2),
+                                                                        (3, 3))))
     assert "cheaper_block" not in kinds(report)
     text = the(report, "grows_with_t")["text"]
-    assert "grows with T" in text and "2 at T = 8 -> 6 at T = 32" in text
+    assert "grows with T" in text and "1 at T = 8 -> 3 at T = 32" in text
+
+
+def test_lengths_whose_half_caps_the_state_are_not_judged(probed):
+    # 4 at T = 8 is all a 4 x 4 past->future block holds: growth to 8 says nothing
+    report = report_of(probed(pf_max=(8, 8), past_future_lengths=lengths((4, 4), (8, 8),
+                                                                        (8, 8))))
+    assert not {"cheaper_block", "grows_with_t"} & set(kinds(report))
+    (note,) = [a for a in report["advice"] if a["kind"] == "note"]
+    assert "T/2 above that rank" in note["text"]
+
+
+def fixed_state_layer(layer):
+    """The layer as a recurrent block reports it: one fixed state instead of K/V caches."""
+    q = layer["quantities"]
+    q["inference.state"] = q.pop("inference.k")
+    del q["inference.v"]
+    return layer
+
+
+def test_growth_within_a_fixed_state_is_a_finding_not_a_missing_state(probed):
+    layer = fixed_state_layer(probed(pf_max=(3, 3), past_future_lengths=lengths(
+        (1, 1), (2, 2), (3, 3))))
+    report = report_of(layer)
+    assert not {"cheaper_block", "grows_with_t"} & set(kinds(report))
+    (finding,) = report["findings"]
+    assert "within the block's own fixed state" in finding["text"]
+    assert "no fixed state serves" not in " ".join(a["text"] for a in report["advice"])
 
 
 @pytest.mark.parametrize("change", ["lower_bound_row", "lower_bound_length", "one_length",
@@ -169,6 +197,34 @@ def test_a_finished_run_that_learned_or_may_have_gets_advice(probed, learned):
     assert "no_advice" not in kinds(report) and "cheaper_block" in kinds(report)
 
 
+def mqar_status(chance=0.25):
+    return {"state": "finished", "step": 600, "max_steps": 600, "learned": True,
+            "baseline": {"task": "mqar", "chance_accuracy": chance}}
+
+
+@pytest.mark.parametrize("accuracy, cuts", [(0.5, False), (0.97, True)],
+                         ids=["learned-not-solved", "solved"])
+def test_cuts_are_advised_only_when_the_task_is_solved(probed, accuracy, cuts):
+    # chance 0.25: solved from 0.25 + 0.9 x 0.75 = 0.925
+    layer = probed(kv=kv_heads(k=(1, 1), v=(1, 1)))
+    report = report_of(layer, status=mqar_status(), metrics={"val/accuracy": accuracy})
+    cut_kinds = {"cheaper_block", "kv_cache", "kv_cache_summary"}
+    assert bool(cut_kinds & set(kinds(report))) is cuts
+    under_used = [f for f in report["findings"] if f.get("topic") == "under_used"]
+    assert len(under_used) == (0 if cuts else 1)
+    if not cuts:
+        assert "not solved (val/accuracy 0.5, solved from 0.925)" in under_used[0]["text"]
+        assert "past->future rank <= 5" in under_used[0]["text"]
+
+
+def test_a_markov_run_is_solved_near_its_entropy_floor(probed):
+    status = {**mqar_status(), "baseline": {"task": "markov", "entropy_floor": 1.0,
+                                            "unigram_loss": 3.0}}  # solved from 1.2
+    unsolved = report_of(probed(), status=status, metrics={"val/loss": 1.5})
+    solved = report_of(probed(), status=status, metrics={"val/loss": 1.1})
+    assert "cheaper_block" not in kinds(unsolved) and "cheaper_block" in kinds(solved)
+
+
 # ---------------------------------------------------------------- KV cache bytes
 
 def kv_heads(k, v, k_pre_rope=None, K=8, **extra):
@@ -231,7 +287,7 @@ def test_kv_summary_sums_the_layers_and_low_ratios_are_not_advised(probed):
     report = report_of(cheap, full_rank)
     assert [a["layer"] for a in report["advice"] if a["kind"] == "kv_cache"] == [0]
     summary = the(report, "kv_cache_summary")
-    assert summary["layers"] == 2
+    assert summary["layers"] == 2 and report["findings"] == []
     per_layer = (8 + 8) * 2 * 2
     assert summary["full_bytes_per_token"] == 2 * per_layer
     assert summary["options"]["k"]["bytes_per_token"] == (1 + 1) * 2 * 2 + (8 + 8) * 2 * 2
@@ -312,5 +368,15 @@ def test_a_real_probe_gives_advice_that_holds():
     out = next(a for a in layer["axes"] if a["axis"] == "out")
     assert (out["part"], out["declared"]) == ("pretrain", 16)  # min(D, H*K)
     if "kv_heads" in layer:  # keys before RoPE are what the advice compares too
-        item = next(a for a in report["advice"] if a["kind"] == "kv_cache_summary")
+        item = next(a for a in [*report["advice"], *report["findings"]]
+                    if a["kind"] in ("kv_cache_summary", "finding") and "options" in a)
         assert set(item["options"]) == {"k", "k_pre_rope"}
+
+
+def test_a_cache_no_low_rank_form_shrinks_is_a_finding_not_advice(probed):
+    full_rank = probed(0, kv=kv_heads(k=(8, 8), v=(8, 8)))  # bases cost more than they save
+    report = report_of(full_rank)
+    assert not {"kv_cache", "kv_cache_summary"} & set(kinds(report))
+    (finding,) = report["findings"]
+    assert finding["topic"] == "no_saving" and finding["options"]["k"]["ratio_at_T"] < 1
+    assert f"no low-rank KV saving at T = {T}" in finding["text"]

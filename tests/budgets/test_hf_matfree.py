@@ -14,8 +14,10 @@ transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
 import budgets.hf  # noqa: E402
+import budgets.hf_capture  # noqa: E402
 import budgets.matfree  # noqa: E402
-from budgets.hf import MATFREE_ATTENTION, ProbeProgress, probe_hf_model  # noqa: E402
+from budgets.hf import ProbeProgress, probe_hf_model  # noqa: E402
+from budgets.hf_capture import CAPTURE_ATTENTION  # noqa: E402
 
 B, T, H, G, K, D = 2, 64, 4, 2, 8, 32
 MIXING = ("past_future", "mixing", "mixing_centered")
@@ -103,14 +105,14 @@ def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
             h.remove()
     assert len(probe["layers"]) == 2 and shapes
     assert not any(kw.get("output_attentions") for kw in calls)
-    assert weights == [None, None]  # the layers returned no attention probabilities
+    assert weights and all(w is None for w in weights)  # no attention probabilities returned
     # the largest: a block of 16 vectors [B, H, T, 16] and its image, a quarter of P's size
     assert max(torch.Size(s).numel() for s in shapes) == B * H * T * 16
     assert not any(s[-2:] == (T, T) for s in shapes)
 
 
 def test_attention_implementation_restored_when_the_probe_fails(llama):
-    functions = budgets.hf._transformers_attention()[0]
+    functions = budgets.hf_capture.transformers_attention()[0]
 
     def fail(p: ProbeProgress) -> None:
         raise RuntimeError("stop after the first layer")
@@ -118,7 +120,7 @@ def test_attention_implementation_restored_when_the_probe_fails(llama):
     with pytest.raises(RuntimeError, match="stop after the first layer"):
         probe_hf_model(llama, _ids(), matfree_from=16, progress=fail)
     assert llama.config._attn_implementation == "eager"
-    assert MATFREE_ATTENTION not in functions
+    assert CAPTURE_ATTENTION not in functions
     probe, _ = probe_hf_model(llama, _ids(), matfree_from=None)  # the exact path works again
     assert "matfree" not in probe
 

@@ -8,15 +8,21 @@ notes, progress and errors go to stderr, so `--format json` stays parseable.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 
 from rich.console import Console
 
+from ..config.sections import MAX_WIDTH
+from ..rundir.files import WriteFailed
+from ..rundir.lock import RunLocked
+
 # a path the user named that cannot serve (unreadable, a directory, not writable) is bad
-# input too: one line, exit code 2
+# input too: one line, exit code 2; so are a run file that could not be written (a full
+# disk) and a run directory that another run is writing
 BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
-             IsADirectoryError, PermissionError)
+             IsADirectoryError, PermissionError, WriteFailed, RunLocked)
 
 
 def console(stderr: bool = False) -> Console:
@@ -27,6 +33,9 @@ def console(stderr: bool = False) -> Console:
 
 # ---------------------------------------------------------------- flags declared once
 
+MAX_INT = 2**31 - 1
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -34,6 +43,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    if value > MAX_INT:  # a size that indexes tensors: past int32 is no machine's
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_INT}, got {value}")
+    return value
+
+
+def model_width(text: str) -> int:
+    """--d-model: a positive int up to the widest model a config may hold (MAX_WIDTH); the
+    blocks are built on the meta device, whose storage size overflows past it."""
+    value = positive_int(text)
+    if value > MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_WIDTH}, got {value}")
     return value
 
 
@@ -50,15 +70,32 @@ def add_cache_dtype(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"{what}: bf16 (default), fp16, fp32, fp8, int8")
 
 
+def directory_name(text: str) -> str:
+    """A directory flag's value: '' names no directory (it would be read as "not given")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a directory, got {text!r}")
+    return text
+
+
 def add_plot(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--plot", metavar="DIR",
+    p.add_argument("--plot", metavar="DIR", type=directory_name,
                    help=f"also write {what} into DIR (a new or empty directory)")
+
+
+def add_details(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--details", action="store_true",
+                   help="in the terminal, every table after the summary: the budget by part "
+                        "and layer, totals, heads, residual stream, all advice and findings "
+                        "(always in --format md and json)")
 
 
 def add_hf_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf", metavar="PATH",
-                   help="instead of RUN_DIR: a Hugging Face causal LM saved by save_pretrained "
-                        "(read offline, never written to)")
+                   help="instead of RUN_DIR: a Hugging Face causal LM saved by save_pretrained, "
+                        "or a .gguf file (read offline, never written to)")
+    p.add_argument("--no-bos", dest="bos", action="store_false",
+                   help="with --hf: sequences start with the text itself, not with the BOS "
+                        "token the model's tokenizer adds")
 
 
 def flag(dest: str) -> str:
@@ -111,6 +148,15 @@ def as_flags_error(e: Exception) -> Exception:
     """A bad-input error of the library, reworded with flags (same type when it is one of
     BAD_INPUT): `raise as_flags_error(e) from None`."""
     return (type(e) if type(e) in BAD_INPUT else ValueError)(as_flags(str(e)))
+
+
+def print_document(doc: dict, fmt: str, out: Console, tables) -> None:
+    """The verb's document on stdout: one JSON document, or `tables(doc)` for people."""
+    if fmt == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        for table in tables(doc):
+            out.print(table)
 
 
 # ---------------------------------------------------------------- stderr

@@ -110,7 +110,7 @@ def _measure(args) -> dict:
             doc = compress_hf(args.hf, args.text, args.eval_text, options,
                               seq_len=args.seq_len or 128, device=args.device or "auto",
                               dtype=args.dtype or "float32", notes=notes,
-                              progress=_compress_progress)
+                              progress=_compress_progress, bos=args.bos)
         else:
             doc = compress_run(args.run_dir, options, notes=notes, progress=_compress_progress)
     except BAD_INPUT as e:

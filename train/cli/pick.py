@@ -3,7 +3,6 @@ their costs and measured evidence; with --emit, the shortlist as an experiment t
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -12,13 +11,20 @@ from rich.console import Console
 from ..commands import pick
 from ..render.pick import pick_tables
 from ..sizing.units import dtype_name, parse_bytes, parse_count
-from .common import add_cache_dtype, add_format, positive_int, print_notes
+from .common import (
+    add_cache_dtype,
+    add_format,
+    model_width,
+    positive_int,
+    print_document,
+    print_notes,
+)
 
 
 def add_parser(sub) -> None:
     k = sub.add_parser("pick", help="size every block family's knob to a model's constraints; "
                                     "the candidates, their costs and measured evidence")
-    k.add_argument("--d-model", type=positive_int, required=True)
+    k.add_argument("--d-model", type=model_width, required=True)
     k.add_argument("--n-heads", type=positive_int, required=True)
     k.add_argument("--n-layers", type=positive_int, required=True)
     k.add_argument("--seq-len", type=positive_int, required=True,
@@ -58,11 +64,7 @@ def cmd_pick(args, out: Console) -> int:
     print_notes(doc["notes"])
     if args.emit is not None:
         _emit(doc, args, constraints)
-    if args.format == "json":
-        print(json.dumps(doc, indent=2))
-    else:
-        for table in pick_tables(doc):
-            out.print(table)
+    print_document(doc, args.format, out, pick_tables)
     return 0
 
 

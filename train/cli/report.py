@@ -12,6 +12,7 @@ from ..experiment.sweep import run_summary
 from ..rundir.read import load_run
 from .common import (
     BAD_INPUT,
+    add_details,
     add_format,
     add_hf_model,
     add_plot,
@@ -44,6 +45,7 @@ def add_parser(sub) -> None:
         r.add_argument(flag(dest), dest=dest, metavar=metavar, default=argparse.SUPPRESS,
                        help=f"with --hf: {text}")
     add_format(r, md=True)
+    add_details(r)
     add_plot(r, "PNG figures")
 
 
@@ -73,6 +75,11 @@ def _eps(text: str) -> float:
     return eps
 
 
+# the largest layer index --layers takes: the model checks its own range later, but the
+# list is spelled out first, and 0-99999999999 would not fit in memory
+MAX_LAYER = 9999
+
+
 def _layer_list(text: str) -> list[int]:
     """`0,5,10-12` -> [0, 5, 10, 11, 12] (sorted, each once); the model checks the range."""
     layers: set[int] = set()
@@ -83,6 +90,8 @@ def _layer_list(text: str) -> list[int]:
         lo, hi = int(first), int(last or first)
         if hi < lo:
             raise ValueError(f"the range {part!r} runs backwards")
+        if hi > MAX_LAYER:  # checked before the range is spelled out in memory
+            raise ValueError(f"layer {hi} is past any model's layers (at most {MAX_LAYER})")
         layers.update(range(lo, hi + 1))
     return sorted(layers)
 
@@ -106,6 +115,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for dest in ("text", "adapter", *HF_PROBE_OPTIONS):
         if args.hf is None and getattr(args, dest, None) is not None:
             p.error(only_with_hf(dest, getattr(args, dest)))
+    if args.hf is None and not args.bos:  # the probe batch of a run is its own data
+        p.error("--no-bos only applies with --hf PATH")
     for dest in HF_PROBE_OPTIONS:
         if hasattr(args, dest):
             text = getattr(args, dest)
@@ -126,17 +137,21 @@ def cmd_report(args, out: Console) -> int:
     sweep = run_summary(args.run_dir, report)  # None unless the experiment is a sweep
     if args.plot:
         _plot(args.run_dir, report, args.plot)
-    print_report(report, sweep, args.format, out, advice=True)
+    print_report(report, sweep, args.format, out, details=args.details,
+                 again=f"rankzoo report {args.run_dir} --details")
     return 0
 
 
 def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
-                 advice: bool = False) -> None:
+                 details: bool = False, again: str = "") -> None:
     """The report as one JSON document (the sweep summary under "sweep"), Markdown, or
-    tables (the sweep's after the variants'; then the advice, if asked)."""
+    for people: the short answer (with `details`, every table: the report's sections, the
+    variant summary, the sweep's, then the advice and findings), and recall vs capacity.
+    `again`: the command that shows the details, named under the short answer."""
     import budgets
 
     from ..render import render_advice, render_table
+    from ..render.answer import render_answer
     from ..render.document import report_markdown
     from ..render.recall import recall_table, recall_view
     from ..render.summary import summary_table
@@ -149,15 +164,18 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
         print(budgets.to_json({**report, **extra}))
     elif fmt == "md":
         print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
-    else:
+    elif details:
         out.print(render_table(report))
         out.print(summary_table(report))
         if sweep is not None:
             out.print(sweep_table(sweep))
         if view is not None:
             out.print(recall_table(view))
-        if advice:
-            out.print(render_advice(report))
+        out.print(render_advice(report))
+    else:
+        out.print(render_answer(report, f"every table: `{again}`" if again else ""))
+        if view is not None:
+            out.print(recall_table(view))
 
 
 def _plot(run_dir: str, report: dict, out_dir: str) -> None:
@@ -204,6 +222,7 @@ def _probe_hf(args) -> tuple[str, dict]:
     try:
         return probe_hf(args.hf, args.text, seq_len=args.seq_len, probe_size=args.probe_size,
                         with_spectra=bool(args.plot), adapter=args.adapter, notes=notes,
+                        bos=args.bos,
                         progress=_show_progress, **options)
     except BAD_INPUT as e:
         raise as_flags_error(e) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -14,7 +15,7 @@ from ..experiment.plan import plan_document
 from ..experiment.sweep import summarize
 from ..harness.devices import check_experiment
 from ..render.plan import plan_table
-from .common import add_format, console
+from .common import add_details, add_format, console
 from .report import print_report
 
 
@@ -30,6 +31,7 @@ def add_parser(sub) -> None:
     mode.add_argument("--resume", action="store_true",
                       help="continue each variant from its checkpoints/last.ckpt")
     add_format(t, help="json: print the final report as one JSON document on stdout")
+    add_details(t)
     t.add_argument("--dry-run", action="store_true",
                    help="print the matched table (parameters, declared budget, costs per "
                         "variant) and stop: no training, the run directory is not touched")
@@ -61,7 +63,8 @@ def cmd_train(args, out: Console) -> int:
     if report is None:  # a non-zero rank of a distributed run: rank zero reports
         return 0
     summary = summarize(exp, report) if exp.sweep is not None else None
-    print_report(report, summary, args.format, out, advice=True)  # as `report` ends
+    print_report(report, summary, args.format, out, details=args.details,  # as `report` does
+                 again=f"rankzoo report {Path(args.runs_dir) / exp.name} --details")
     return 0
 
 

@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 import zoo
-from zoo.config import require, unknown_key_error
+from zoo.config import require, seed_value, unknown_key_error
 
 from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
@@ -23,6 +23,8 @@ from .stage_sections import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_nam
 from .targets import linear_names, variant_targets
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# a name is a directory: most file systems take at most 255 bytes (NAME_RE's are ASCII)
+MAX_NAME = 255
 TOP_LEVEL = ["name", "seed", *SECTIONS, "block_defaults", "variants", "sweep", "finetune"]
 
 
@@ -69,9 +71,16 @@ def check_top_level(raw: Any) -> None:
     require(isinstance(name, str) and bool(NAME_RE.match(name)),
             f"name must be letters, digits, '_', '.' or '-' (it names the run directory), "
             f"got {name!r}")
-    seed = raw.get("seed", 0)
-    require(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
-            f"seed must be a non-negative int, got {seed!r}")
+    check_name_length("name", name)
+    seed_value("seed", raw.get("seed", 0))
+
+
+def check_name_length(what: str, name: str) -> None:
+    """A name that becomes a directory, refused here rather than by the file system
+    after training."""
+    require(len(name) <= MAX_NAME,
+            f"{what} is {len(name)} characters long; a directory name takes at most "
+            f"{MAX_NAME}")
 
 
 # ---------------------------------------------------------------- variants
@@ -88,6 +97,7 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
     require(isinstance(name, str) and bool(NAME_RE.match(name)),
             f"variant name {name!r} must be letters, digits, '_', '.' or '-' (it names a "
             "directory)")
+    check_name_length(f"variant name {name[:20]}...", name)
     require(isinstance(raw, dict),
             f"{where} must be a mapping with at least 'block', got {raw!r}")
     raw = dict(raw)
@@ -161,6 +171,7 @@ def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
             name = run_name(v.name, point)
             require(name not in runs and (name not in variants or name == v.name),
                     f"sweep: run name {name!r} is taken twice; rename variant {v.name!r}")
+            check_name_length(f"sweep run name {name[:20]}...", name)
             runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point,
                                  train=v.train)
     widths = {run: d_mlp[r.base] for run, r in runs.items() if r.base in d_mlp}
@@ -250,6 +261,9 @@ def check_finetune(exp: Experiment) -> None:
 def check_finetune_variant(exp: Experiment, variant: str) -> None:
     ft = exp.finetune
     clash = [lora_name(variant, r) for r in ft.ranks if lora_name(variant, r) in exp.variants]
+    for r in ft.ranks:
+        check_name_length(f"fine-tune directory name {lora_name(variant, r)[:20]}...",
+                          lora_name(variant, r))
     require(not clash, f"finetune: directory names {clash} are taken by variants")
     if not variant_targets(exp, variant, ft.targets):  # only then are the names listed
         raise ValueError(f"finetune.targets {ft.targets} match no nn.Linear of variant "

@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from zoo.config import StrictConfig, require, unknown_key_error
+from zoo.config import StrictConfig, require, seed_value, unknown_key_error
 
 from ..data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
 from ..lm.decoder import NORMS
 
 OPTIMIZERS = ("adamw", "muon", "lion")
+MAX_LAYERS = 1024  # deeper than any trained decoder; bounds what a dry run builds
+# widths past any model's; a square matrix of 2**31 rows overflows torch's storage size
+MAX_WIDTH, MAX_MLP = 2 ** 20, 2 ** 24
 
 
 def greater_than_zero(section: str, **values: Any) -> None:
@@ -66,6 +69,7 @@ class DataConfig(StrictConfig):
             object.__setattr__(self, "vocab_size", DEFAULT_VOCAB[self.task])
         greater_than_zero("data", train_size=self.train_size, val_size=self.val_size,
                           batch_size=self.batch_size, seq_len=self.seq_len)
+        seed_value("data.permute_seed", self.permute_seed, optional=True)
         self.spec()  # names the bad values
         for split, size in (("val", self.val_size), ("train", self.train_size)):
             pairs = getattr(self, f"{split}_kv_pairs") if self.task == "mqar" else None
@@ -157,6 +161,15 @@ class ModelConfig(StrictConfig):
         greater_than_zero("model", d_model=self.d_model, n_layers=self.n_layers,
                           mlp_ratio=self.mlp_ratio, d_mlp=self.d_mlp)
         require(self.norm in NORMS, f"model.norm must be one of {list(NORMS)}, got {self.norm!r}")
+        # every layer is built (on the meta device) to count and match parameters: a few
+        # seconds at this bound, minutes and gigabytes at 100000
+        require(self.n_layers <= MAX_LAYERS,
+                f"model.n_layers must be <= {MAX_LAYERS}, got {self.n_layers}")
+        require(self.d_model <= MAX_WIDTH,
+                f"model.d_model must be <= {MAX_WIDTH}, got {self.d_model}")
+        d_mlp = self.d_mlp if self.d_mlp is not None else self.mlp_ratio * self.d_model
+        require(d_mlp <= MAX_MLP, f"model's MLP width must be <= {MAX_MLP}, got {d_mlp:g} "
+                                  f"(model.d_mlp, or model.mlp_ratio x model.d_model)")
 
 
 # What Lightning's Trainer accepts (tests/train/harness/test_settings.py checks these against its

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from zoo.config import StrictConfig, is_instance, require
+from zoo.config import StrictConfig, is_instance, require, seed_value
 
 from .sections import OPTIMIZERS, DataConfig, TrainConfig
 
@@ -83,9 +84,11 @@ def check_axis_value(axis: str, value: Any) -> None:
     elif axis == "lr":
         require(is_instance(value, float) and value > 0,
                 f"sweep.lr values must be numbers > 0, got {value!r}")
+        require(value < math.inf, f"sweep.lr values must be finite, got {value!r}")
     elif axis == "seed":
         require(is_instance(value, int) and value >= 0,
                 f"sweep.seed values must be non-negative ints, got {value!r}")
+        seed_value("sweep.seed values", value)
 
 
 def run_name(variant: str, point: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ Experiment files, `key=value` overrides and the run directory's YAML files
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
@@ -28,10 +30,39 @@ def yaml_problem(e: yaml.YAMLError) -> tuple[int | None, str]:
     return (None if mark is None else mark.line + 1), what
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@functools.cache
+def unique_keys(loader: type) -> type:
+    """`loader` (SafeLoader or a subclass) refusing a key written twice in one mapping:
+    PyYAML keeps the last one silently, so two `mha:` variants would become one."""
+
+    class UniqueKeyLoader(loader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == MERGE_TAG:  # `<<: *base` merges, then may override
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    if not isinstance(key, Hashable):  # PyYAML names that one itself
+                        continue
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"found duplicate key {key!r}", key_node.start_mark)
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def parse_yaml(text: str, source: str, loader: type = yaml.SafeLoader) -> Any:
-    """One YAML document; a syntax error is a ValueError naming `source` and the line."""
+    """One YAML document; a syntax error or a key written twice in one mapping is a
+    ValueError naming `source` and the line."""
     try:
-        return yaml.load(text, Loader=loader)  # SafeLoader or a subclass of it
+        return yaml.load(text, Loader=unique_keys(loader))  # SafeLoader or a subclass
     except yaml.YAMLError as e:
         line, what = yaml_problem(e)
         raise ValueError(f"{source}{'' if line is None else f':{line}'}: not valid YAML "

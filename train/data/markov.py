@@ -51,13 +51,36 @@ def markov_transitions(spec: MarkovSpec, seed: int) -> torch.Tensor:
 
 
 def stationary_distribution(P: torch.Tensor) -> torch.Tensor:
-    """pi [V] with pi P = pi, sum 1, of an irreducible row-stochastic P [V, V]: the solution
-    of pi (I - P + 1 1^T) = 1^T (the all-ones term pins the sum; the matrix is invertible
-    exactly when the chain is irreducible)."""
+    """pi [V] with pi P = pi, sum 1, of a row-stochastic P [V, V]. Irreducible: the
+    solution of pi (I - P + 1 1^T) = 1^T (the all-ones term pins the sum; the matrix is
+    invertible exactly when the chain is irreducible). At a low temperature the softmax
+    underflows to exact zeros and the chain may split into classes: the solve then gives
+    negative entries, and pi is instead the limit from the uniform start the sequences
+    take (limiting_distribution)."""
     P = P.to(torch.float64)
     V = P.shape[0]
     A = torch.eye(V, dtype=P.dtype) - P + 1.0  # [V, V]
-    return torch.linalg.solve(A.T, torch.ones(V, dtype=P.dtype))  # [V]
+    try:
+        pi = torch.linalg.solve(A.T, torch.ones(V, dtype=P.dtype))  # [V]
+    except RuntimeError:  # singular: reducible
+        pi = None
+    if pi is None or not torch.isfinite(pi).all() or pi.min() < -1e-12:
+        pi = limiting_distribution(P)
+    pi = pi.clamp(min=0)  # rounding's -1e-17 would make the entropy NaN
+    return pi / pi.sum()
+
+
+def limiting_distribution(P: torch.Tensor, squarings: int = 64) -> torch.Tensor:
+    """The distribution of the lazy chain (I + P) / 2 after 2^squarings steps from the
+    uniform start [V]: the same stationary distributions as P, but aperiodic, so it
+    converges, and for a chain with several closed classes it weighs each by the chance
+    of falling into it."""
+    V = P.shape[0]
+    Q = (torch.eye(V, dtype=P.dtype) + P) / 2  # [V, V]
+    for _ in range(squarings):
+        Q = Q @ Q
+        Q = Q / Q.sum(-1, keepdim=True)  # rows stay stochastic despite rounding
+    return torch.full((V,), 1.0 / V, dtype=P.dtype) @ Q  # [V]
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:

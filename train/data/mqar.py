@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from zoo.config import StrictConfig, is_instance, positive_int, positive_number, require
+from zoo.config import StrictConfig, is_instance, positive_int, positive_number, require, seed_value
 
 from .conventions import IGNORE, accuracy
 
@@ -62,9 +62,7 @@ class MQARSpec(StrictConfig):
         for name in ("val_kv_pairs", "train_kv_pairs"):
             if getattr(self, name) is not None:
                 self._check_kv_pairs(name)
-        require(self.permute_seed is None or self.permute_seed >= 0,
-                f"mqar.permute_seed must be a non-negative int or None, "
-                f"got {self.permute_seed!r}")
+        seed_value("mqar.permute_seed", self.permute_seed, optional=True)
 
     def _check_kv_pairs(self, name: str) -> None:
         pairs = list(getattr(self, name))

@@ -30,6 +30,10 @@ The estimate, per training process (`MemoryEstimate.describe` prints each term):
                                           val_size) sequences of T_p = min(T, probe_len)
                                           tokens, H heads, m = T_p below the matrix-free
                                           length MATFREE_FROM, else K_MAX)
+A fine-tune (the `finetune` section) is estimated the same way at its own data and train
+sections, for the largest r: the whole base model's weights, but gradients and optimizer
+state only for the adapters' A and B (counted on the model with adapters attached), and
+the base's activations per token scaled to the fine-tune's batch and length.
 On the CPU, every process of a multi-device run holds all of it, so the total is multiplied
 by the number of processes; on a GPU, data stays on the host and the rest is compared with
 the device's free memory. It is an estimate: peak memory in backward adds transients of
@@ -52,9 +56,11 @@ import budgets
 from budgets.matfree import K_MAX
 from zoo.ops.registry import BackendUnavailable
 
-from ..config import Experiment
+from ..config import Experiment, variant_targets
 from ..data import make_splits
 from ..lm.decoder import build_model
+from ..lm.lora import attach_lora
+from ..rundir.files import write_text
 from ..sizing.match import count_params, default_d_mlp
 
 NOTES_FILE = "notes.txt"  # runs/<experiment>/notes.txt: the warnings of the run's preflight
@@ -80,6 +86,9 @@ def preflight(exp: Experiment, available: dict[str, int | None] | None = None) -
         model = build_model(bounded_config(exp, first))
         a, c = activation_bytes(model, base, exp.data.seq_len, exp.train.accelerator)
         for estimate in runs:
+            check_memory(estimate.with_activations(a, c), free, kind)
+        if exp.finetune is not None and base in exp.finetune_variants():
+            estimate = finetune_estimate(exp, base, first, model)
             check_memory(estimate.with_activations(a, c), free, kind)
     return size_warnings(exp)
 
@@ -114,10 +123,12 @@ def section_warnings(data, train, monitor, prefix: str) -> list[str]:
 
 
 def write_notes(exp_dir: Path, notes: list[str]) -> None:
-    """Append the preflight's warnings to the run's notes (nothing when there are none)."""
+    """Append the preflight's warnings to the run's notes (nothing when there are none),
+    rewriting the file whole (train/rundir/files.py write_text)."""
     if notes:
-        with (Path(exp_dir) / NOTES_FILE).open("a") as f:
-            f.write("".join(f"warning: {note}\n" for note in notes))
+        path = Path(exp_dir) / NOTES_FILE
+        before = path.read_text() if path.is_file() else ""
+        write_text(path, before + "".join(f"warning: {note}\n" for note in notes))
 
 
 # ---------------------------------------------------------------- the estimate
@@ -138,6 +149,7 @@ class MemoryEstimate:
     seq_len: int
     processes: int = 1
     activation_scale: float = 1.0
+    stage: str = ""  # "finetune": the estimate of the fine-tune stage's run of `variant`
 
     def with_activations(self, per_token: float, per_token2: float = 0.0) -> MemoryEstimate:
         """The estimate with its activations: batch x (a T + c T^2), scaled to the dtype."""
@@ -153,11 +165,12 @@ class MemoryEstimate:
         return model * self.processes + self.data * self.processes if kind == "cpu" else model
 
     def describe(self, kind: str) -> str:
+        at = f"{self.stage}." if self.stage else ""  # the section the sizes come from
         acts = ("not measured yet" if self.activations is None
                 else gib(self.activations))
         terms = [f"weights {gib(self.weights)} ({self.params:,} parameters)",
                  f"gradients {gib(self.gradients)}", f"optimizer state {gib(self.optimizer)}",
-                 f"activations at data.batch_size {self.batch_size} x data.seq_len "
+                 f"activations at {at}data.batch_size {self.batch_size} x {at}data.seq_len "
                  f"{self.seq_len}: {acts}", f"monitor probe {gib(self.probe)}"]
         if kind == "cpu":
             terms.append(f"data {gib(self.data)}")
@@ -198,6 +211,35 @@ def static_estimate(exp: Experiment, run: str, variant: str) -> MemoryEstimate:
         seq_len=data.seq_len, processes=processes(exp),
         # activations were measured in fp32: "true" 16- or 64-bit precision scales them
         activation_scale=b / 4 if "true" in train["precision"] or b == 8 else 1.0)
+
+
+def finetune_estimate(exp: Experiment, variant: str, run: str,
+                      model: torch.nn.Module) -> MemoryEstimate:
+    """The fine-tune of `variant` at its largest r: the base's weights, the adapters'
+    gradients and optimizer state, at the fine-tune's data and train sections. `model`
+    (the base, as built for its activations) gets the adapters attached to count them."""
+    ft = exp.finetune
+    view, r = exp.finetune_view(), max(ft.ranks)
+    params = count_params_of(model)
+    targets = variant_targets(exp, variant, ft.targets)
+    if targets:  # none: the stage itself names the targets that match nothing
+        attach_lora(model, targets, r, ft.alpha_for(r))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if targets else 0
+    params += trainable
+    train, data = view.train, view.data
+    b = param_bytes(train.precision)
+    n_heads = exp.variant_config(run)["block"].get("n_heads", 1)
+    return MemoryEstimate(
+        variant=variant, params=params, weights=params * b, gradients=trainable * b,
+        optimizer=trainable * b * OPTIMIZER_STATES.get(train.optimizer, 2),
+        activations=None, data=16 * (data.train_size + data.val_size) * data.seq_len,
+        probe=probe_bytes(view, n_heads), batch_size=data.batch_size, seq_len=data.seq_len,
+        processes=processes(view), stage="finetune",
+        activation_scale=b / 4 if "true" in train.precision or b == 8 else 1.0)
+
+
+def count_params_of(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def probe_bytes(exp: Experiment, n_heads: int) -> int:
@@ -328,7 +370,9 @@ def check_memory(estimate: MemoryEstimate, available: int | None, kind: str) -> 
     need = estimate.on_device(kind)
     if available is None or need <= available:
         return
+    where, p = ((f"the fine-tune of {estimate.variant}", "finetune.") if estimate.stage
+                else (f"variants.{estimate.variant}", ""))
     raise ValueError(
-        f"variants.{estimate.variant}: needs about {gib(need)} of {kind} memory, but "
-        f"{gib(available)} is available ({estimate.describe(kind)}); lower data.seq_len, "
-        "data.batch_size, data.train_size or the model's size")
+        f"{where}: needs about {gib(need)} of {kind} memory, but "
+        f"{gib(available)} is available ({estimate.describe(kind)}); lower {p}data.seq_len, "
+        f"{p}data.batch_size, {p}data.train_size or the model's size")

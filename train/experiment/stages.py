@@ -23,16 +23,20 @@ from typing import Any
 from rich.console import Console
 
 import budgets
+from budgets.schema import read_text
 
-from ..config import Experiment, parse_experiment
+from ..config import Experiment, lora_name, parse_experiment
+from ..harness.checkpoint import checkpoint_step
 from ..harness.devices import check_experiment
 from ..harness.fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightning
 from ..harness.module import NonFiniteLoss
 from ..render.document import report_markdown
 from ..render.sweep import sweep_markdown
-from ..rundir.files import read_yaml, write_yaml
+from ..rundir.files import read_yaml, remove_temporaries, write_text, write_yaml
+from ..rundir.lock import hold_run_dir
 from ..rundir.read import DIVERGED_FILE, EXPERIMENT_FILE
 from ..rundir.status import STATUS_FILE, read_status
+from .disk import disk_preflight
 from .finetune import finetune_experiment
 from .preflight import preflight as sizes_preflight
 from .preflight import write_notes
@@ -55,9 +59,39 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
         train_all(exp, exp_dir, resume, Console(stderr=True, quiet=True))
         return None
     console = console or Console(stderr=True)
+    created = missing_dirs(Path(runs_dir))  # removed again if a failure leaves them empty
+    try:
+        with hold_run_dir(exp_dir):  # one writer at a time: RunLocked names the holder
+            notes += warn(disk_preflight(exp, exp_dir, overwrite, resume))
+            return train_locked(exp, exp_dir, overwrite, resume, notes, console)
+    except BaseException:
+        remove_empty(created)
+        raise
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def remove_empty(dirs: list[Path]) -> None:
+    """Remove each directory of `dirs` (deepest first) that exists and is empty."""
+    for d in dirs:
+        with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+            d.rmdir()
+
+
+def train_locked(exp: Experiment, exp_dir: Path, overwrite: bool, resume: bool,
+                 notes: list[str], console: Console) -> dict:
+    """train_experiment's work on rank zero, holding the run directory's lock."""
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
     if resume:
         check_resume(exp_dir, exp)  # before anything in the directory is rewritten
+        remove_temporaries(exp_dir)  # left by writes a kill cut short; no one else writes
     fresh = not exp_dir.exists()
     exp_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -138,7 +172,7 @@ def train_sweep_run(exp: Experiment, run: str, exp_dir: Path, resume: bool,
         return train_variant(exp, run, exp_dir, resume, console)
     except NonFiniteLoss as e:
         if is_global_zero():
-            diverged.write_text(f"{e}\n")
+            write_text(diverged, f"{e}\n")
         console.print(f"[red]{run}: diverged[/]: {e}")
         return None
 
@@ -147,12 +181,12 @@ def write_reports(exp: Experiment, exp_dir: Path, entries: dict[str, dict],
                   summary: dict | None, console: Console) -> dict:
     """report.md (with the sweep's table), sweep.json; returns the combined report."""
     report = budgets.build_report(entries, experiment=exp.name)
-    (exp_dir / "report.md").write_text(report_markdown(report))
+    markdown = report_markdown(report)
     if summary is not None:
         path = write_summary(exp_dir, summary)
-        with (exp_dir / "report.md").open("a") as f:
-            f.write("\n" + sweep_markdown(summary))
+        markdown += "\n" + sweep_markdown(summary)
         console.print(f"wrote the sweep summary {path}")
+    write_text(exp_dir / "report.md", markdown)  # whole or not at all
     console.print(f"wrote {exp_dir / 'report.md'}; TensorBoard: tensorboard --logdir {exp_dir}")
     return report
 
@@ -164,7 +198,10 @@ def preflight(exp: Experiment) -> list[str]:
     is available, its kernel backends on a few tokens, a text corpus read once
     (train/experiment/preflight.py). Its warnings go to stderr and are returned for the run's notes
     (train.experiment.preflight.write_notes)."""
-    notes = sizes_preflight(exp)
+    return warn(sizes_preflight(exp))
+
+
+def warn(notes: list[str]) -> list[str]:
     for note in notes:
         print(f"rankzoo: warning: {note}", file=sys.stderr)
     return notes
@@ -183,6 +220,9 @@ def prepare_run_dir(exp_dir: Path, overwrite: bool = False, resume: bool = False
     if not overwrite:
         raise FileExistsError(f"run directory {exp_dir} already exists; pass --overwrite to "
                               "delete and redo it, or --resume to continue it")
+    if exp_dir.is_symlink():  # rmtree refuses a link; deleting what it points to is worse
+        raise FileExistsError(f"{exp_dir} is a symbolic link; not deleting it or what it "
+                              "points to (remove the link, or pass another --runs-dir)")
     if not exp_dir.is_dir():
         raise FileExistsError(f"{exp_dir} exists and is not a directory; not deleting it")
     if any(exp_dir.iterdir()) and not (exp_dir / EXPERIMENT_FILE).is_file():
@@ -219,6 +259,77 @@ def check_resume(exp_dir: Path, exp: Experiment) -> None:
                          + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
                          + f"); only {', '.join(RESUMABLE_CHANGES)} and new variants may "
                          "change on a resume (--overwrite redoes the run)")
+    for name in exp.variants:  # a lower max_steps, only where no run has gone past it
+        step = run_step(exp_dir / name)
+        if step > exp.train.max_steps:
+            raise ValueError(f"--resume: train.max_steps {exp.train.max_steps} is below step "
+                             f"{step}, which {exp_dir / name} already reached; the report "
+                             "would mix runs of different lengths (--overwrite redoes the run)")
+    check_run_dirs(exp_dir, exp)
+
+
+def run_step(vdir: Path) -> int:
+    """The furthest step a run directory records (its status and its checkpoint), 0 when
+    none is readable."""
+    steps = [0]
+    with contextlib.suppress(ValueError):
+        steps.append((read_status(vdir) or {}).get("step", 0))
+    with contextlib.suppress(ValueError):
+        if (vdir / "checkpoints" / "last.ckpt").is_file():
+            steps.append(checkpoint_step(vdir / "checkpoints" / "last.ckpt"))
+    return max(steps)
+
+
+def check_run_dirs(exp_dir: Path, exp: Experiment) -> None:
+    """Each run directory already there against the run this config makes in it: one
+    copied in from another config would be kept and reported beside these. A fine-tune's
+    data and train sections must be the same too (train/experiment/finetune.py refuses
+    them again per run, but only after the variants are done)."""
+    for name in exp.variants:
+        changed = run_config_changes(exp_dir / name, exp.variant_config(name))
+        if changed:
+            refuse_run_dir(exp_dir / name, changed)
+        if (exp_dir / name / "ranks.jsonl").is_file():  # a resume trims it: it must read
+            read_text(exp_dir / name / "ranks.jsonl")  # not UTF-8: the file and line named
+    if exp.finetune is None:
+        return
+    ft = exp.finetune
+    sections = {"data": {**ft.data.to_dict(), "vocab_size": ft.data.vocab_size},
+                "train": exp.finetune_view().train.to_dict()}
+    for variant in exp.finetune_variants():
+        for r in ft.ranks:
+            vdir = exp_dir / lora_name(variant, r)
+            changed = run_config_changes(vdir, sections, steps_may_grow=False)
+            if changed:
+                refuse_run_dir(vdir, changed)
+
+
+def run_config_changes(vdir: Path, expected: dict,
+                       steps_may_grow: bool = True) -> list[tuple[str, Any, Any]]:
+    """(key, written, expected) where vdir/config.yaml differs from `expected`, over the
+    keys of `expected` (params and the backends used are the run's own figures); another
+    train.max_steps allowed when `steps_may_grow`. No or an unreadable config.yaml: no changes (the
+    fit rewrites it)."""
+    try:
+        written = read_yaml(vdir / "config.yaml") if (vdir / "config.yaml").is_file() else None
+    except ValueError:
+        return []
+    if not isinstance(written, dict):
+        return []
+    out = []
+    for key in config_changes({k: written.get(k) for k in expected}, expected):
+        was, now = lookup(written, key), lookup(expected, key)
+        if key == "train.max_steps" and steps_may_grow:  # check_resume: the steps taken
+            continue
+        out.append((key, was, now))
+    return out
+
+
+def refuse_run_dir(vdir: Path, changed: list[tuple[str, Any, Any]]) -> None:
+    shown = "; ".join(f"{k}: {was!r} -> {now!r}" for k, was, now in changed[:3])
+    raise ValueError(f"--resume: {vdir} holds a run of another config ({shown}"
+                     + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+                     + "); remove it, or --overwrite to redo the run")
 
 
 def config_changes(old: Any, new: Any, prefix: str = "") -> list[str]:

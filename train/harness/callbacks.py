@@ -21,7 +21,6 @@ train/harness/checkpoint.py; on_train_start measures the checkpoint's step if it
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from functools import partial
@@ -32,6 +31,8 @@ from lightning.pytorch.callbacks import Callback
 
 import budgets
 from zoo.config import positive_int, require
+
+from ..rundir.files import append_line, write_text
 
 # (quantity, metric) pairs logged as scalars: a few, so TensorBoard stays readable.
 DEFAULT_SCALARS = (
@@ -70,11 +71,11 @@ def _repair_tail(path: Path) -> None:
     head, _, tail = text.rpartition("\n")
     try:
         json.loads(tail)
-        path.write_text(text + "\n")
+        write_text(path, text + "\n")
     except ValueError:
         warnings.warn(f"{path}: dropping an incomplete last line left by an interrupted run",
                       stacklevel=2)
-        path.write_text(head + "\n" if head else "")
+        write_text(path, head + "\n" if head else "")
 
 
 def report_progress(step: int, p: budgets.ProbeProgress) -> None:
@@ -151,10 +152,8 @@ class RankMonitor(Callback):
             record["layers"] = [{**layer, "spectra": spectra_lists(spectra[layer["layer"]])}
                                 for layer in probe["layers"]]
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.out_path.open("a") as f:  # one write per line: a crash leaves whole lines
-            f.write(json.dumps(record, allow_nan=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # one write per line, cut off again if it fails: the file holds whole lines
+        append_line(self.out_path, json.dumps(record, allow_nan=True))
         self.last_step = step
         self._log(trainer, probe, spectra, step)
         return record

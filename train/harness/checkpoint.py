@@ -6,7 +6,8 @@ streams, and run files holding only what the uninterrupted run would. So:
 
 - StepCheckpoint saves last.ckpt every n steps after everything step k logs is on disk
   (TensorBoard flushed; at a step that validates, after the validation), through a
-  temporary file and os.replace, so a kill mid-write leaves the previous checkpoint. It
+  temporary file flushed to disk and renamed over the old one (train/rundir/files.py
+  atomic_path), so a kill or a full disk mid-write leaves the previous checkpoint. It
   stores the RNG states and the step's metrics beside Lightning's state, and on loading
   moves the train sampler (train/data/loaders.py EpochBatches) to step k and restores
   the RNG.
@@ -26,7 +27,6 @@ train ones at g, and the module logs its validation step as the loggers' "step")
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +36,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
+from budgets.schema import read_text
+
 from ..data import EpochBatches
+from ..rundir.files import atomic_path, write_text
 
 STATE_KEY = "rankzoo"  # the checkpoint entry with the RNG states and the step's metrics
 
@@ -80,16 +83,18 @@ class StepCheckpoint(Callback):
         `metrics` as the step's (default: the trainer's callback metrics)."""
         for logger in trainer.loggers:
             logger.save()  # TensorBoard's writer buffers events; these belong to the checkpoint
-        tmp = self.path.with_name(self.path.name + ".tmp")
         self.metrics = metrics
         try:
-            trainer.save_checkpoint(tmp)
+            if trainer.is_global_zero:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(self.path) as tmp:
+                    trainer.save_checkpoint(tmp)
+            else:  # every rank takes part in the save (a collective); only rank zero writes
+                trainer.save_checkpoint(self.path)
         finally:
             self.metrics = None
-        if trainer.is_global_zero:
-            os.replace(tmp, self.path)
-            if self.on_save is not None:
-                self.on_save(trainer.global_step)
+        if trainer.is_global_zero and self.on_save is not None:
+            self.on_save(trainer.global_step)
         self.saved_step = trainer.global_step
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
@@ -146,28 +151,33 @@ def checkpoint_step(path: Path) -> int:
                          "--overwrite redoes the run") from None
 
 
+def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's state_dict, memory-mapped (read after checkpoint_step, which names a
+    file that is not a checkpoint)."""
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["state_dict"]
+
+
 def drop_records_from(path: Path, step: int) -> int:
     """Keep the ranks.jsonl records before `step` (and no half-written last line); returns
-    how many were dropped. Rewritten through a temporary file and os.replace."""
+    how many were dropped. Rewritten whole or not at all (train/rundir/files.py)."""
     if not path.is_file():
         return 0
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [line for line in lines if line.endswith("\n") and record_step(line) < step]
+    lines = read_text(path).splitlines(keepends=True)  # not UTF-8: names the file
+    keep = [line for line in lines if line.endswith("\n") and record_step(line, path) < step]
     if len(keep) < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)
+        write_text(path, "".join(keep))
     return len(lines) - len(keep)
 
 
-def record_step(line: str) -> int:
+def record_step(line: str, path: Path | str = "ranks.jsonl") -> int:
     """The step of a ranks.jsonl line; -1 for a blank line (kept, harmless)."""
     if not line.strip():
         return -1
     try:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"ranks.jsonl: not a rank record ({e}): {line[:80]!r}") from None
+        raise ValueError(f"{path}: not a rank record ({e}): {line[:80]!r}") from None
+
 
 
 # ---------------------------------------------------------------- RNG states

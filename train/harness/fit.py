@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -34,11 +35,17 @@ import budgets
 
 from ..config import Experiment, TrainConfig
 from ..data import EpochBatches, make_loaders
-from ..rundir.files import write_yaml
-from ..rundir.read import finished_entry, finite_metrics, last_record
+from ..rundir.files import DISK_ERRORS, WriteFailed, write_failed, write_text, write_yaml
+from ..rundir.read import check_shapes, finished_entry, finite_metrics, last_record
 from ..rundir.status import read_status, run_status, status_line, write_status
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
-from .checkpoint import StepCheckpoint, TrainScalars, checkpoint_step, drop_records_from
+from .checkpoint import (
+    StepCheckpoint,
+    TrainScalars,
+    checkpoint_step,
+    checkpoint_weights,
+    drop_records_from,
+)
 from .module import LMModule, NonFiniteLoss
 
 
@@ -77,6 +84,8 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
     last_ckpt = vdir / "checkpoints" / "last.ckpt"
     ckpt_path = str(last_ckpt) if resume and last_ckpt.is_file() else None
     start = checkpoint_step(last_ckpt) if ckpt_path else 0
+    if ckpt_path:  # another size than the config's: one line naming the file, not Lightning's
+        check_shapes(module, checkpoint_weights(last_ckpt), last_ckpt)
     if is_global_zero():
         vdir.mkdir(parents=True, exist_ok=True)
         write_yaml(vdir / "config.yaml", {**spec.config, "params": params})
@@ -94,7 +103,14 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
         final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path)
         seconds = time.perf_counter() - began
     except BaseException as e:  # the status says how it ended, whatever ended it
+        e = interrupted(e, trainer)
         record_end(vdir, e, start if trainer is None else trainer.global_step)
+        if isinstance(e, KeyboardInterrupt):  # the CLI's "interrupted", exit code 130
+            raise e from None
+        if isinstance(e, OSError) and e.errno in DISK_ERRORS:  # also a library's writes
+            failed = write_failed(Path(e.filename or vdir), e)  # (TensorBoard's events)
+            raise WriteFailed(f"{failed}; --resume continues from the last checkpoint",
+                              failed.errno, failed.filename) from None
         raise
     if not trainer.is_global_zero:
         return None
@@ -125,17 +141,28 @@ def mark_finished(vdir: Path, step: int) -> None:
     write_status(vdir, "finished", step)
 
 
+def interrupted(error: BaseException, trainer: L.Trainer | None) -> BaseException:
+    """^C as a KeyboardInterrupt again: Lightning catches it, shuts down, ignores SIGINT
+    from then on and calls sys.exit(1), the code a diverged run ends with."""
+    if not (isinstance(error, SystemExit) and trainer is not None and trainer.interrupted):
+        return error
+    with contextlib.suppress(ValueError):  # only the main thread may set handlers
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second ^C works again
+    return KeyboardInterrupt()
+
+
 def record_end(vdir: Path, error: BaseException, step: int) -> None:
     """status.json for a fit that raised: diverged (a non-finite loss), else stopped."""
     if not is_global_zero() or not vdir.is_dir():
         return
     state = "diverged" if isinstance(error, NonFiniteLoss) else "stopped"
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):  # Lightning turns ^C into exit(1)
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):  # ^C, or an exit from inside
         reason = f"interrupted ({type(error).__name__})"
     else:
         message = str(error).splitlines()[0][:300] if str(error) else ""
         reason = f"{type(error).__name__}: {message}".rstrip(": ")
-    write_status(vdir, state, step, reason=reason)
+    with contextlib.suppress(WriteFailed):  # a full disk: the error that ended the fit says so
+        write_status(vdir, state, step, reason=reason)
 
 
 def is_global_zero() -> bool:
@@ -318,5 +345,5 @@ def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
              "step": record["step"], "params": params, "metrics": metrics, "status": status}
     report = budgets.build_report({name: entry}, experiment=exp.name)
     report["variants"][0]["status"] = status  # build_report copies it too, where it does
-    (vdir / "report.json").write_text(budgets.to_json(report) + "\n")
+    write_text(vdir / "report.json", budgets.to_json(report) + "\n")
     return entry

@@ -10,7 +10,9 @@ from .model_dir import (
     adapter_dir,
     device_of,
     dtype_of,
+    gguf_quantization,
     import_transformers,
+    is_gguf,
     load_adapter,
     load_model,
     model_type_of,
@@ -18,6 +20,8 @@ from .model_dir import (
     quiet,
 )
 from .probe import (
+    bos_of,
+    bos_text,
     hf_report,
     load_for_probe,
     probe_batch,
@@ -25,9 +29,12 @@ from .probe import (
     probe_notes,
     read_text,
     token_ids,
+    with_bos,
 )
 
 __all__ = ["ADAPTER_CONFIG", "DEVICES", "DTYPES", "HF_CONFIG", "INSTALL_HINT", "adapter_dir",
-           "device_of", "dtype_of", "hf_report", "import_transformers", "load_adapter",
+           "bos_of", "bos_text", "with_bos",
+           "device_of", "dtype_of", "gguf_quantization", "hf_report", "is_gguf",
+           "import_transformers", "load_adapter",
            "load_for_probe", "load_model", "model_type_of", "offline", "probe_batch", "probe_hf",
            "probe_notes", "quiet", "read_text", "token_ids"]

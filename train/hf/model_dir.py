@@ -1,6 +1,7 @@
 """Hugging Face models from disk, offline: the model, its tokenizer, a PEFT adapter.
 
     model, tokenizer = load_model("models/tiny-llama", dtype="float32")
+    model, tokenizer = load_model("models/tiny-llama.Q8_0.gguf")    # a GGUF file
     model = load_adapter(model, "adapters/r8")
 
 Loading reads a save_pretrained directory (the model, its tokenizer if one was saved, a
@@ -10,6 +11,10 @@ probe switches it for its forward pass). The model is loaded in the dtype asked 
 transformers and peft are imported lazily. The config files are checked against their
 schemas before anything loads.
 
+A GGUF file (llama.cpp's format) loads through transformers' GGUF support, its weights
+dequantized to `dtype` and its tokenizer read from the file; gguf_quantization names the
+storage types of its tensors (the `gguf` package, in the `hf` extra, reads them).
+
 Errors name the parameters (model_dir=..., dtype=...); the CLI shows them as its flags.
 """
 
@@ -18,15 +23,16 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from budgets.hf_layouts import layout_of
 from budgets.schema import Int, MapOf, Maybe, Number, Record, read_json
 
 INSTALL_HINT = "pip install 'rankzoo[hf]'"
+GGUF_SUFFIX = ".gguf"
 # The fields of a model's config.json and an adapter's adapter_config.json that rankzoo
 # reads (budgets/hf_layouts.py's Geometry, the LoRA caps), checked before anything loads.
 HF_SIZES = ("num_attention_heads", "hidden_size", "num_hidden_layers", "num_key_value_heads",
@@ -90,13 +96,20 @@ def quiet(transformers):
 
 # ---------------------------------------------------------------- the model
 
+def is_gguf(path) -> bool:
+    return Path(path).suffix.lower() == GGUF_SUFFIX
+
+
 def model_type_of(model_dir: Path) -> str:
-    """model_type from model_dir/config.json, checking the directory before transformers loads."""
+    """model_type from model_dir/config.json, checking the directory before transformers
+    loads (a GGUF file: from its metadata)."""
     if not model_dir.exists():
         raise FileNotFoundError(f"model_dir={model_dir}: model directory not found")
+    if is_gguf(model_dir) and model_dir.is_file():
+        return _gguf_config(model_dir).model_type
     if not model_dir.is_dir():
         raise ValueError(f"model_dir={model_dir}: not a directory (expected one written by "
-                         f"save_pretrained)")
+                         f"save_pretrained, or a {GGUF_SUFFIX} file)")
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"model_dir={model_dir}: no config.json in it (expected a "
@@ -110,14 +123,28 @@ def load_model(model_dir, dtype: str = "float32") -> tuple[nn.Module, object | N
     model_dir = Path(model_dir)
     torch_dtype = dtype_of(dtype)
     model_type = model_type_of(model_dir)
-    layout_of(model_type, model_dir)  # unsupported: fail before loading any weights
     with offline():
         transformers = import_transformers()
+        causal_lm_type(transformers, model_type, model_dir)  # before loading any weights
         with quiet(transformers):
-            model = _from_pretrained(transformers, model_dir, model_type, torch_dtype)
-            tokenizer = _load_tokenizer(transformers, model_dir)
+            if is_gguf(model_dir):
+                model, tokenizer = _load_gguf(transformers, model_dir, model_type, torch_dtype)
+            else:
+                model = _from_pretrained(transformers, model_dir, model_type, torch_dtype)
+                tokenizer = _load_tokenizer(transformers, model_dir)
     # fp32 by default: bf16 singular values below ~1e-2 s_1 are noise (docs/METRICS.md).
-    return (model.float() if torch_dtype == torch.float32 else model).eval(), tokenizer
+    # a GGUF model is dequantized into `dtype` at load and refuses .float()
+    as_fp32 = torch_dtype == torch.float32 and not is_gguf(model_dir)
+    return (model.float() if as_fp32 else model).eval(), tokenizer
+
+
+def causal_lm_type(transformers, model_type: str, where) -> None:
+    """A clear error unless transformers has a causal LM class for `model_type`."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{where}: model_type {model_type!r} is not supported: transformers "
+                         f"{transformers.__version__} has no causal LM of that type")
 
 
 def _from_pretrained(transformers, model_dir: Path, model_type: str,
@@ -132,6 +159,49 @@ def _from_pretrained(transformers, model_dir: Path, model_type: str,
     except Exception as e:
         raise ValueError(f"model_dir={model_dir}: the {model_type} model does not load "
                          f"({type(e).__name__}: {e})") from None
+
+
+def _gguf_module():
+    try:
+        import gguf
+    except ImportError as e:
+        raise ValueError(f"reading a GGUF file needs the gguf package, which is not installed "
+                         f"({e}): {INSTALL_HINT}") from None
+    return gguf
+
+
+def _gguf_config(path: Path):
+    """The config transformers reads from a GGUF file's metadata, or a clear error."""
+    _gguf_module()
+    with offline():
+        transformers = import_transformers()
+        try:
+            with quiet(transformers):
+                return transformers.AutoConfig.from_pretrained(
+                    path.parent, gguf_file=path.name, local_files_only=True)
+        except Exception as e:  # a corrupt file or an architecture transformers cannot map
+            raise ValueError(f"model_dir={path}: the GGUF file does not load "
+                             f"({type(e).__name__}: {e})") from None
+
+
+def _load_gguf(transformers, path: Path, model_type: str, dtype: torch.dtype):
+    """(model, tokenizer) from a GGUF file: weights dequantized to `dtype`, the tokenizer
+    the file describes."""
+    where = dict(gguf_file=path.name, local_files_only=True)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, attn_implementation="eager", dtype=dtype, **where)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **where)
+    except Exception as e:  # as for a directory: any failure means the file does not load
+        raise ValueError(f"model_dir={path}: the {model_type} GGUF file does not load "
+                         f"({type(e).__name__}: {e})") from None
+    return model, tokenizer
+
+
+def gguf_quantization(path) -> dict[str, int]:
+    """{storage type (F32, Q8_0, Q4_K, ...): number of tensors} of a GGUF file."""
+    reader = _gguf_module().GGUFReader(Path(path))
+    return dict(Counter(t.tensor_type.name for t in reader.tensors))
 
 
 def _load_tokenizer(transformers, model_dir: Path):

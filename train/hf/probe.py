@@ -22,7 +22,17 @@ from budgets.hf import ProbeProgress, build_hf_report, probe_hf_model
 from budgets.hf_layouts import Geometry
 from budgets.probes import MATFREE_FROM
 
-from .model_dir import adapter_dir, device_of, dtype_of, load_adapter, load_model
+from .model_dir import (
+    adapter_dir,
+    device_of,
+    dtype_of,
+    gguf_quantization,
+    import_transformers,
+    is_gguf,
+    load_adapter,
+    load_model,
+    quiet,
+)
 
 # ---------------------------------------------------------------- the probe batch
 
@@ -55,15 +65,44 @@ def token_ids(data: bytes, tokenizer, vocab_size: int, where: str = "",
     return ids  # [N]
 
 
-def probe_batch(ids: torch.Tensor, seq_len: int, probe_size: int, where: str = ""
-                ) -> torch.Tensor:
-    """The first probe_size * seq_len tokens as [B, T] (contiguous, non-overlapping)."""
-    need = probe_size * seq_len
+def bos_of(tokenizer) -> int | None:
+    """The BOS id the tokenizer puts first when it adds special tokens, else None."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
+
+
+def bos_text(tokenizer, bos: bool) -> str:
+    """How the sequences start, for the report: 'BOS (id 1) first', ..."""
+    found = bos_of(tokenizer) if tokenizer is not None else None
+    if found is None:
+        return "no BOS (the tokenizer adds none)" if tokenizer is not None else "no BOS"
+    return f"BOS (id {found}) first, as the tokenizer adds it" if bos else \
+        f"no BOS (--no-bos; the tokenizer adds id {found})"
+
+
+def with_bos(rows: torch.Tensor, bos: int | None) -> torch.Tensor:
+    """rows [N, T - 1] behind a BOS column -> [N, T]; rows unchanged without a BOS."""
+    if bos is None:
+        return rows
+    return torch.cat([torch.full((len(rows), 1), bos, dtype=rows.dtype), rows], dim=1)
+
+
+def probe_batch(ids: torch.Tensor, seq_len: int, probe_size: int, where: str = "",
+                bos: int | None = None) -> torch.Tensor:
+    """The first probe_size * seq_len tokens as [B, T] (contiguous, non-overlapping), each
+    row after a BOS when `bos` is an id (then T - 1 text tokens a row)."""
+    body = seq_len - (bos is not None)
+    if body < 1:
+        raise ValueError(f"seq_len={seq_len}: a sequence after the BOS needs a token")
+    need = probe_size * body
     if ids.numel() < need:
         raise ValueError(f"text={where}: too short for the probe batch: {ids.numel()} "
                          f"tokens, but probe_size={probe_size} x seq_len={seq_len} "
                          f"needs {need}")
-    return ids[:need].view(probe_size, seq_len)  # [B, T]
+    return with_bos(ids[:need].view(probe_size, body), bos)  # [B, T]
 
 
 # ---------------------------------------------------------------- the probe
@@ -86,27 +125,35 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
              with_spectra: bool = False, adapter=None, notes: list[str] | None = None, *,
              device: str = "cpu", dtype: str = "float32", layers: list[int] | None = None,
              matfree_from: int | None = MATFREE_FROM, k_max: int = 256,
-             progress: Callable[[ProbeProgress], None] | None = None) -> tuple[str, dict]:
+             progress: Callable[[ProbeProgress], None] | None = None,
+             bos: bool = True) -> tuple[str, dict]:
     """(variant name, build_report entry) of the model saved in `model_dir` (with the PEFT
     adapter saved in `adapter` applied, if given), probed on the start of the file `text`,
     on `device` ("cpu", "cuda", "auto") with the forward pass in `dtype` (a DTYPES name).
     `layers`, `matfree_from`, `k_max` and `progress` are budgets.hf.probe_hf_model's.
+    Each sequence starts with the tokenizer's BOS where it adds one, unless not `bos`.
     Lines for the user (e.g. no tokenizer saved) are appended to `notes`."""
     model_dir = Path(model_dir)
     model, tokenizer, data = load_for_probe(model_dir, text, adapter, device, dtype)
     g = Geometry.from_config(model.config)
     g.check_seq_len(seq_len)
     ids = token_ids(data, tokenizer, int(model.config.vocab_size), str(text), notes)
-    batch = probe_batch(ids, seq_len, probe_size, str(text))  # [B, T]
+    first = bos_of(tokenizer) if bos and tokenizer is not None else None
+    batch = probe_batch(ids, seq_len, probe_size, str(text), first)  # [B, T]
     where = next(model.parameters()).device
-    probe, loss = probe_hf_model(model, batch.to(where), eps, with_spectra, layers=layers,
-                                 matfree_from=matfree_from, k_max=k_max, progress=progress)
+    with quiet(import_transformers()):  # kernel fallbacks, dynamic-attention warnings
+        probe, loss = probe_hf_model(model, batch.to(where), eps, with_spectra,
+                                     layers=layers, matfree_from=matfree_from, k_max=k_max,
+                                     progress=progress)
     source = {"hf": str(model_dir), "model_type": g.model_type, "text": str(text),
               "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
               "probe_size": probe_size, "seq_len": seq_len, "device": str(where),
-              "dtype": dtype, "n_layers": g.n_layers,
+              "dtype": dtype, "n_layers": g.n_layers, "bos": bos_text(tokenizer, bos),
               **({"layers": [ly["layer"] for ly in probe["layers"]]} if layers else {}),
-              **({"adapter": str(Path(adapter))} if adapter is not None else {})}
+              **({"adapter": str(Path(adapter))} if adapter is not None else {}),
+              # a GGUF file: its tensors' storage types (the probe reads them dequantized)
+              **({"gguf": {"file": model_dir.name, "quantization": gguf_quantization(model_dir)}}
+                 if is_gguf(model_dir) else {})}
     if notes is not None:
         notes.extend(probe_notes(probe, dtype, g.n_layers))
     entry = {"probe": probe, "step": 0, "params": sum(p.numel() for p in model.parameters()),

@@ -1,15 +1,18 @@
-"""The report's advice: the suggestions budgets computed from the figures
-(budgets/verdicts.py), each with the conditions it was checked under.
+"""The report's advice and findings: what budgets concluded from the figures
+(budgets/advice.py), each advised bound with the conditions it was checked under.
 
     out.print(render_advice(report)); Path("report.md").write_text(advice_markdown(report))
 
-A list, not a table: one item per suggestion (in the terminal a titled table of one
-column, a no-advice item in yellow; in Markdown a bullet list).
+Lists, not tables: one item per suggestion (in the terminal a titled table of one column,
+a no-advice item in yellow; in Markdown a bullet list). Findings (what the figures show
+but advises nothing: no saving at this length, directions under-used by a run that did
+not solve its task, growth within a block's own state) follow the advice.
 """
 
 from __future__ import annotations
 
 from rich import box
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -42,8 +45,9 @@ def advice_text(item: dict) -> str:
     return item["text"] + (f" [{cond}]" if cond else "")
 
 
-def render_advice(report: dict) -> Table:
-    """The suggestions, one per row, each with the conditions it was checked under."""
+def render_advice(report: dict) -> Table | Group:
+    """The suggestions, one per row, each with the conditions it was checked under; then
+    the findings, if any."""
     table = Table(title="advice", box=box.SIMPLE_HEAD, show_header=False)
     table.add_column("advice", overflow="fold")
     for item in report.get("advice", []):
@@ -51,9 +55,18 @@ def render_advice(report: dict) -> Table:
                            style="yellow" if item.get("kind") == "no_advice" else ""))
     if not report.get("advice"):
         table.add_row("no suggestions: every axis is used and no layer collapsed")
-    return table
+    if not report.get("findings"):
+        return table
+    findings = Table(title="findings (no advice)", box=box.SIMPLE_HEAD, show_header=False)
+    findings.add_column("finding", overflow="fold")
+    for item in report["findings"]:
+        findings.add_row(advice_text(item))
+    return Group(table, findings)
 
 
 def advice_markdown(report: dict) -> str:
     items = [f"- {advice_text(a)}" for a in report.get("advice", [])]
-    return "\n".join(["## Advice", "", *(items or ["- no suggestions"])]) + "\n"
+    lines = ["## Advice", "", *(items or ["- no suggestions"])]
+    if report.get("findings"):
+        lines += ["", "## Findings", "", *(f"- {advice_text(a)}" for a in report["findings"])]
+    return "\n".join(lines) + "\n"

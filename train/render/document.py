@@ -18,6 +18,7 @@ from rich.text import Text
 from budgets.report import PARTS
 
 from .advice import advice_markdown
+from .answer import answer_markdown
 from .heads import heads_markdown, render_heads
 from .hf import hf_markdown
 from .parts import adapter_notes, budget_legend, parts_markdown, render_part
@@ -51,7 +52,7 @@ def render_table(report: dict) -> Group:
 def to_markdown(report: dict) -> str:
     """The report as a Markdown document: its sections, a blank line between them."""
     sections = [f"# Rank-budget report: {report.get('experiment') or '(unnamed)'}\n",
-                status_markdown(report), budget_legend(report) + ".\n",
+                answer_markdown(report), status_markdown(report), budget_legend(report) + ".\n",
                 parts_markdown(report), totals_markdown(report), heads_markdown(report),
                 residual_markdown(report), advice_markdown(report)]
     return "\n".join(s for s in sections if s)

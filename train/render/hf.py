@@ -8,9 +8,11 @@ and the classes of its heads.
 from __future__ import annotations
 
 from rich import box
-from rich.table import Table
+from rich.console import Group, RenderableType
+from rich.text import Text
 
 from .heads import HEAD_CLASSES, class_counts, head_legend
+from .hf_kinds import kinds_spec
 from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
 
 HF_COLUMNS = ("layer", "hidden erank Hc", "mixing erank P", "erank Pc", "past->future erank",
@@ -22,11 +24,40 @@ def is_hf(report: dict) -> bool:
 
 
 def probe_source_text(report: dict) -> str:
-    """'probe: 4 x 128 tokens of book.txt (tokenizer); next-token loss 2.345'."""
+    """'probe: 4 x 128 tokens of book.txt (tokenizer, BOS (id 1) first, as the tokenizer
+    adds it); next-token loss 2.345'."""
     v, src = report["variants"][0], report["source"]
     loss = v["metrics"].get("probe/loss")
+    bos = f", {src['bos']}" if "bos" in src else ""
     return (f"probe: {src['probe_size']} x {src['seq_len']} tokens of {src['text']} "
-            f"({src['tokens']}); next-token loss {fmt(loss, '.3f')}")
+            f"({src['tokens']}{bos}); next-token loss {fmt(loss, '.3f')}")
+
+
+def unmeasured_line(report: dict) -> str | None:
+    """'not measured: lfm2 layers 0, 2 (Lfm2ShortConv) ...', or None when every decoder
+    layer's mixer was read."""
+    mixers = report.get("unmeasured_mixers")
+    if not mixers:
+        return None
+    by_class: dict[str, list[str]] = {}
+    for m in mixers:
+        by_class.setdefault(m["class"], []).append(str(m["layer"]))
+    named = "; ".join(f"layer{'s' if len(ls) > 1 else ''} {', '.join(ls)} ({c})"
+                      for c, ls in by_class.items())
+    return (f"not measured: {mixers[0]['model_type']} {named}: these decoder layers mix "
+            f"tokens neither by attention through transformers' interface nor by a Mamba "
+            f"scan, so no row of theirs is in this report")
+
+
+def gguf_line(report: dict) -> str | None:
+    """'weights: GGUF file m.gguf, stored as Q8_0 (14 tensors), F32 (5); dequantized for
+    the probe', or None for a model that was not read from a GGUF file."""
+    g = report["source"].get("gguf")
+    if not g:
+        return None
+    types = ", ".join(f"{t} ({n} tensor{'s' if n > 1 else ''})"
+                      for t, n in sorted(g["quantization"].items()))
+    return f"weights: GGUF file {g['file']}, stored as {types}; dequantized for the probe"
 
 
 def _head_mean(xs) -> float | None:
@@ -68,9 +99,15 @@ def hf_spec(report: dict) -> TableSpec:
         markdown_legend=head_legend(report))
 
 
-def render_hf_table(report: dict) -> Table:
-    return to_rich(hf_spec(report), **{**BOXED, "box": box.SIMPLE_HEAD,
-                                       "caption_justify": "left", "overflow": "fold"})
+def render_hf_table(report: dict) -> RenderableType:
+    """The per-layer table, then the per-kind one where the report has kinds."""
+    style = {**BOXED, "box": box.SIMPLE_HEAD, "caption_justify": "left", "overflow": "fold"}
+    kinds, missing, gguf = kinds_spec(report), unmeasured_line(report), gguf_line(report)
+    parts = [to_rich(hf_spec(report), **style)]
+    parts += [to_rich(kinds, **style)] if kinds is not None else []
+    parts += [Text(missing, style="yellow")] if missing else []
+    parts += [Text(gguf)] if gguf else []
+    return parts[0] if len(parts) == 1 else Group(*parts)
 
 
 def hf_markdown(report: dict) -> str:
@@ -80,5 +117,11 @@ def hf_markdown(report: dict) -> str:
     model = f"{src.get('hf', report['variants'][0]['variant'])} ({src.get('model_type', '?')})"
     lines = ["## Probe", "", f"- model: {model}", f"- {probe_source_text(report)}",
              *([f"- device {src['device']}, dtype {src['dtype']}"]
-               if "device" in src and "dtype" in src else []), "", to_markdown(hf_spec(report))]
+               if "device" in src and "dtype" in src else []),
+             *([f"- {unmeasured_line(report)}"] if unmeasured_line(report) else []),
+             *([f"- {gguf_line(report)}"] if gguf_line(report) else []),
+             "", to_markdown(hf_spec(report))]
+    kinds = kinds_spec(report)
+    if kinds is not None:
+        lines += ["", to_markdown(kinds)]
     return "\n".join(lines)

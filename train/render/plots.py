@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
+from ..rundir.files import atomic_path
 from ..rundir.read import is_variant_dir, rank_records, variant_dirs
 from .heads import HEAD_CLASSES
 from .recall import recall_figure, recall_view
@@ -65,7 +66,10 @@ def run_histories(run_dir: Path) -> dict[str, list[dict]]:
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI)  # no bbox_inches="tight": the size stays the bounded one
+    """Write the figure whole or not at all (its format named: the temporary file's name
+    does not end in it)."""
+    with atomic_path(path) as tmp:  # no bbox_inches="tight": the size stays the bounded one
+        fig.savefig(tmp, dpi=DPI, format=Path(path).suffix.lstrip(".") or None)
     return path
 
 

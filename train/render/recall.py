@@ -54,7 +54,8 @@ def _row(variant: dict) -> dict | None:
     carried, cap = _carried(variant)
     cache = (variant.get("budget") or {}).get("model", {}).get("cache_elements")
     status = variant.get("status") or {}
-    return {"variant": variant["variant"], "block": variant["layers"][0]["block"],
+    layers = variant["layers"]  # none in a report.json cut down by hand
+    return {"variant": variant["variant"], "block": layers[0]["block"] if layers else "-",
             "carried": carried, "cap": cap,
             "cache_bytes": None if cache is None else cache * CACHE_BYTES,
             "accuracy": dict(sorted(acc.items())), "learned": status.get("learned")}

@@ -15,10 +15,11 @@ from typing import Any
 
 import budgets
 from budgets.report import RANK_RECORD
-from budgets.schema import check, read_text
+from budgets.schema import check, read_text, same_lengths
 
 from ..config.sections import DataConfig, parse_section
 from .files import read_yaml
+from .lock import in_progress_note
 from .status import describe_status, read_status, run_status, status_notes
 
 EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
@@ -45,12 +46,28 @@ def rank_records(path: Path) -> list[dict]:
             continue
         try:
             records.append(check(json.loads(line), RANK_RECORD))
+            check_head_lists(records[-1], f"{path}:{number}")
         except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
             what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
             raise ValueError(f"{path}:{number}: corrupt rank record ({what})") from None
+        if len(records) > 1 and records[-1]["step"] <= records[-2]["step"]:
+            # a run appends in step order, and a resume drops what it redoes: anything
+            # else is a damaged or hand-edited file, and its last line is not the last step
+            raise ValueError(f"{path}:{number}: step {records[-1]['step']} after step "
+                             f"{records[-2]['step']}; the records must go forward in steps")
     if not records:
         raise ValueError(f"{path} holds no rank records")
     return records
+
+
+def check_head_lists(doc: dict, source: str) -> None:
+    """Each layer's per-head figures (`heads`), one entry per head: they are read side by
+    side, and a short list would end the report in a zip() error naming nothing."""
+    for i, variant in enumerate(doc.get("variants", [doc])):
+        for j, layer in enumerate(variant["layers"]):
+            where = f"variants[{i}].layers[{j}].heads" if "variants" in doc \
+                else f"layers[{j}].heads"
+            same_lengths(layer.get("heads"), source, where)
 
 
 def last_record(path: Path) -> dict:
@@ -172,7 +189,9 @@ def variant_report(vdir: Path) -> dict:
     """A variant's report: its report.json, else rebuilt from ranks.jsonl's last line; its
     variant carries the run's status (variant_status)."""
     if (vdir / "report.json").is_file():
-        return with_status(vdir, budgets.load_report(vdir / "report.json"))
+        report = budgets.load_report(vdir / "report.json")
+        check_head_lists(report, str(vdir / "report.json"))
+        return with_status(vdir, report)
     ranks = vdir / "ranks.jsonl"
     if not ranks.is_file():
         raise FileNotFoundError(f"no results in {vdir}: neither report.json nor ranks.jsonl")
@@ -215,6 +234,9 @@ def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None =
         raise FileNotFoundError(f"run directory not found: {run_dir}")
     if not run_dir.is_dir():
         raise ValueError(f"not a run directory: {run_dir} is a file")
+    writing = in_progress_note(run_dir)  # read as it is, without taking its lock
+    if writing is not None and notes is not None:
+        notes.append(writing)
     if is_variant_dir(run_dir):
         report = variant_report(run_dir)
         if notes is not None:  # a run still going, or stopped: its figures are not final
@@ -278,3 +300,20 @@ def _why_none(run_dir: Path) -> str:
         return ""
     runs = "1 run" if len(diverged) == 1 else f"{len(diverged)} runs"
     return f"; {runs} diverged (e.g. {diverged[0]})"
+
+
+def check_shapes(model: Any, state: dict[str, Any], source: Path,
+                 prefix: str = "") -> None:
+    """The weights of `state` (keys `prefix` + the model's) against the model's own: a
+    checkpoint of another size is a ValueError naming the file and the first weight,
+    before load_state_dict's many-line RuntimeError."""
+    own = model.state_dict()
+    theirs = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    for key, value in own.items():
+        if key not in theirs:
+            raise ValueError(f"{source}: holds no weight {key!r}; a checkpoint of another "
+                             "model than its config.yaml describes")
+        if tuple(theirs[key].shape) != tuple(value.shape):
+            raise ValueError(f"{source}: weight {key!r} is {list(theirs[key].shape)}, the "
+                             f"config's model has {list(value.shape)}; a checkpoint of "
+                             "another model size")

@@ -6,7 +6,8 @@ The fit writes it (train/harness/fit.py): `running` when it starts and at each c
 the checkpoint's, the step a resume continues from), then `finished` at its last step,
 `diverged` at the step whose loss or update was not finite, or `stopped` at the step an
 error or an interrupt ended it (with the reason). Each write goes to a temporary file
-that os.replace puts in place, so a reader never sees half a file.
+that is flushed and renamed in place (train/rundir/files.py), so a reader never sees half
+a file.
 
 A process killed outright (SIGKILL, power loss) leaves `running` behind; read_status
 tells that apart from a live run by the pid and host it records and reports it as
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .files import write_text
+
 STATUS_FILE = "status.json"
 STATES = ("running", "finished", "stopped", "diverged")
 INTERRUPTED = "interrupted"  # read_status's name for a `running` that no process holds
@@ -37,10 +40,7 @@ def write_status(run_dir: Path, state: str, step: int, **extra: Any) -> Path:
     record = {"state": state, "step": int(step), "pid": os.getpid(),
               "host": socket.gethostname(), "process_start": process_start(os.getpid()),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
-    tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(path, json.dumps(record, indent=2) + "\n")
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

@@ -24,6 +24,9 @@ DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float1
 BYTE_UNITS = {"": 1, "b": 1, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40,
               "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
 COUNT_UNITS = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "b": 10 ** 9, "t": 10 ** 12}
+# the largest size or count taken: budgets are compared as int64 and floats downstream,
+# and anything larger is no machine's (1e999 reads as inf)
+MAX_VALUE = 2 ** 63 - 1
 NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.I)
 
 
@@ -48,6 +51,13 @@ def _number(text: str, flag: str, what: str) -> tuple[float, str]:
     return float(m[1]), m[2].lower()
 
 
+def _bounded(value: float, text: str, flag: str) -> int:
+    """int(value), refusing inf and anything above MAX_VALUE before it is converted."""
+    if not value <= MAX_VALUE:
+        raise ValueError(f"{flag} {text}: too large; at most {MAX_VALUE:.3g}")
+    return int(value)
+
+
 def parse_bytes(text: str, flag: str = "--cache-budget") -> int:
     """Bytes from `262144`, `256KiB`, `1MiB`, `1.5 GiB` (1024-based) or `64KB`, `1MB`
     (1000-based); a bare `k`/`m`/`g` is refused as ambiguous."""
@@ -58,7 +68,7 @@ def parse_bytes(text: str, flag: str = "--cache-budget") -> int:
     if unit not in BYTE_UNITS:
         raise ValueError(f"{flag} {text}: unknown unit {unit!r}; known: B, KiB, MiB, GiB, TiB, "
                          "KB, MB, GB, TB")
-    size = int(value * BYTE_UNITS[unit])
+    size = _bounded(value * BYTE_UNITS[unit], text, flag)
     if size < 1:
         raise ValueError(f"{flag} {text}: expected at least one byte")
     return size
@@ -71,7 +81,7 @@ def parse_count(text: str, flag: str) -> int:
     value, unit = _number(stripped, flag, "count, e.g. 300M, 1.5B or 2e9")
     if unit not in COUNT_UNITS:
         raise ValueError(f"{flag} {text}: unknown unit {unit!r}; known: k, M, G (or B), T")
-    count = int(value * COUNT_UNITS[unit])
+    count = _bounded(value * COUNT_UNITS[unit], text, flag)
     if count < 1:
         raise ValueError(f"{flag} {text}: expected at least 1")
     return count

@@ -25,6 +25,8 @@ import io
 import json
 import math
 import os
+import re
+import resource
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,11 +34,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 import zoo
-from train.cli import main
+from train.cli import COMMANDS, main
 
 from ..conftest import tiny_experiment
 from ..conftest import write_run as write_run_dir
@@ -325,6 +327,93 @@ def test_configs_and_overrides(data):
 @given(data=st.data())
 def test_configs_and_overrides_long(data):
     config_property(data)
+
+
+# ---------------------------------------------------------------- argument lists of every verb
+
+# numbers as people mistype them: past float (1e999), past int64 (2^64), not numbers at all
+NUMERIC = st.sampled_from([
+    "1e999", "-1e999", "inf", "-inf", "nan", "NaN", ".inf", ".nan", str(2**64), str(2**63),
+    str(2**32), "-1", "0", "1", "2", "0.5", "1e-999", "", " ", "1KiB", "1e999KiB", "2GFLOPs",
+    "0-99999999999", "3-1", "1,2", "x"])
+PICK_BASE = ["pick", "--d-model", "32", "--n-heads", "2", "--n-layers", "2", "--seq-len", "16",
+             "--cache-budget", "1MiB"]
+VERB_ARGS = {  # verb -> (a cheap base argument list, the flags that take a number)
+    "blocks": (["blocks", "--format", "json"], ["--d-model", "--n-heads", "--seq-len"]),
+    "pick": (PICK_BASE, ["--d-model", "--n-heads", "--n-layers", "--seq-len",
+                         "--cache-budget", "--params-budget", "--flops-budget",
+                         "--associations", "--cache-dtype"]),
+    "report": (["report", "--hf", "{root}/no-model", "--text", "{root}/no-text"],
+               ["--seq-len", "--probe-size", "--eps", "--layers", "--matfree-from",
+                "--k-max", "--device", "--dtype"]),
+    "report-run": (["report", "{run}", "--format", "json"], ["--plot", "--seq-len"]),
+    "compress": (["compress", "{root}/no-run"],
+                 ["--seq-len", "--ratios", "--eps", "--length", "--tolerance",
+                  "--advice-eps", "--calib-size", "--eval-size", "--batch-size",
+                  "--cache-dtype", "--plot"]),
+    "train": (["train", "{config}", "--dry-run", "--format", "json"],
+              [f"{k}=" for k in ("seed", "model.d_model", "model.n_layers", "model.d_mlp",
+                                 "model.mlp_ratio", "data.seq_len", "data.vocab_size",
+                                 "data.power_a", "data.permute_seed", "data.num_kv_pairs",
+                                 "data.batch_size", "train.lr", "train.max_steps",
+                                 "monitor.eps", "block_defaults.n_heads", "sweep.lr")]),
+}
+GIB = 2**30
+
+
+ERROR_LINE = re.compile(r"^rankzoo( (" + "|".join(COMMANDS) + r"))?: error: ")
+
+
+def error_lines(err: str) -> list[str]:
+    """`rankzoo: error:` lines, and argparse's `rankzoo <verb>: error:` ones."""
+    return [line for line in err.splitlines() if ERROR_LINE.match(line)]
+
+
+def argv_property(template: Path, data) -> None:
+    """A verb with a few of its numeric flags (or train's overrides) given mistyped
+    numbers: exit 0, or exit 2 with one error line; never a traceback, never 2 GiB more
+    memory at its peak, and nothing written but what was asked (--plot's directory)."""
+    verb = data.draw(st.sampled_from(sorted(VERB_ARGS)))
+    base, flags = VERB_ARGS[verb]
+    chosen = data.draw(st.lists(st.sampled_from(flags), min_size=1, max_size=3, unique=True))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux: KiB)
+    with scratch() as root:
+        config = root / "exp.yaml"
+        config.write_text(yaml.safe_dump(TINY))
+        run = root / "runs" / "tiny"
+        shutil.copytree(template, run)
+        cwd = root / "cwd"
+        cwd.mkdir()
+        argv = [a.format(root=root, run=run, config=config) for a in base]
+        for flag in chosen:
+            value = data.draw(NUMERIC)
+            if flag == "--plot" and value.strip():
+                value = str(root / "plots" / value.replace("/", "_"))
+            argv += [flag + value] if flag.endswith("=") else [flag, value]
+        before = snapshot(root / "runs")
+        code, out, err = run_cli(argv, cwd)
+        event(f"{verb}: exit {code}")
+        assert "Traceback" not in err, err
+        assert code in (0, 2) and len(error_lines(err)) == (code == 2), (argv, code, err)
+        if code == 0 and "json" in argv:
+            json.loads(out)
+        assert snapshot(root / "runs") == before and not any(cwd.iterdir())
+        assert {p.name for p in root.iterdir()} <= {"runs", "cwd", "exp.yaml", "plots"}
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak
+    assert grown < 2 * GIB, (argv, grown)
+
+
+@settings(FAST, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+@given(data=st.data())
+def test_every_verb_takes_mistyped_numbers(template, data):
+    argv_property(template, data)
+
+
+@pytest.mark.slow
+@LONG
+@given(data=st.data())
+def test_every_verb_takes_mistyped_numbers_long(template, data):
+    argv_property(template, data)
 
 
 # ---------------------------------------------------------------- tensors into blocks

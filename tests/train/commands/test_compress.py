@@ -18,6 +18,7 @@ from train.cli import main
 from train.commands.compress import CompressOptions, compress_run
 from train.commands.compress.calibrate import calibrate, disjoint_rows, zoo_data
 from train.commands.compress.run import load_variant
+from train.commands.compress.save import save_compressed
 from train.commands.compress.zoo_surgery import ZooTarget
 from train.config import parse_experiment
 from train.data import make_splits
@@ -234,11 +235,15 @@ def test_json_table_and_the_reports_predicted_ratio(run, capsys):
         assert r["ratio"] >= r["target"] - 1e-9 and "accuracy" in r
     # the advised row is the report's own KV advice, at its own ratio
     report = load_run(run / "mha")
-    summary = next(a for a in report["advice"] if a["kind"] == "kv_cache_summary")
+    summary = next(a for a in [*report["advice"], *report["findings"]]
+                   if a["kind"] in ("kv_cache_summary", "finding") and "options" in a)
     predicted = summary["options"]["k_pre_rope"]["ratio_at_T"]
     assert doc["prediction"]["ratio"] == pytest.approx(predicted)
     assert rows[1]["ratio"] == pytest.approx(predicted)
-    assert "rankzoo compress RUN_DIR/mha --ratios" in summary["text"]
+    # advice names the command that checks it; a cache that saves too little is a finding
+    advised = max(o["ratio_at_T"] for o in summary["options"].values()) >= 1.25
+    assert ("rankzoo compress RUN_DIR/mha --ratios" in summary["text"]) is advised
+    assert (summary["kind"] == "kv_cache_summary") is advised
     v = doc["verdict"]
     assert v["verdict"] in ("verified", "refuted") and v["tolerance"] == 0.02
     assert v["advised_delta_loss"] == pytest.approx(rows[1]["delta_loss"])
@@ -302,6 +307,8 @@ def test_markdown_plot_and_save(run, capsys, tmp_path):
     (("--alloc", "best"), "--alloc best: expected a list of uniform, greedy"),
     (("--cache-dtype", "fp7"), "--cache-dtype fp7: unknown dtype"),
     (("--text", "x.txt"), "--text x.txt only applies with --hf PATH"),
+    (("--tolerance", "inf", "--format", "json"), "--tolerance inf: expected a finite number"),
+    (("--ratios", "2,inf"), "each ratio must be > 1 and finite"),
 ])
 def test_bad_input_is_one_line(run, capsys, args, message):
     code, out, err = _cli(capsys, run / "mha", *args)
@@ -320,3 +327,17 @@ def test_run_dir_errors_are_one_line(run, capsys, tmp_path):
     assert code == 2 and "not through a weight" in err and not (tmp_path / "s").exists()
     code, _, err = _cli(capsys)
     assert code == 2 and "exactly one of RUN_DIR or --hf" in err
+
+
+def test_save_refuses_a_setting_that_makes_the_cache_no_smaller(tmp_path):
+    """The only settings within the tolerance keep a cache larger than the full one (the
+    advised ranks at 0.86x): nothing is written, a note says why, and the CLI exits 1."""
+    doc = {"verdict": {"largest_ratio_within": 0.86, "largest_within": "the advised ranks"},
+           "rows": [{"allocation": "full", "ratio": 1.0},
+                    {"allocation": "advised", "ratio": 0.86}]}
+    notes = []
+    written = []
+    save_compressed(doc, None, None, {}, CompressOptions(save=str(tmp_path / "s")), notes,
+                    written.append)
+    assert doc["saved"] is None and not written and not (tmp_path / "s").exists()
+    assert "no smaller than the full one (at best 0.86x, the advised ranks)" in notes[0]

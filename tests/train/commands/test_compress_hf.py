@@ -154,3 +154,35 @@ def test_compress_hf_library_call(llama_dir, texts):
     doc = compress_hf(llama_dir, *texts, CompressOptions(ratios=(2,)), seq_len=16)
     assert [r["allocation"] for r in doc["rows"]] == ["full", "advised", "uniform", "greedy"]
     assert doc["calibration"]["tokens"] == 4 * 16 and doc["evaluation"]["sequences"] == 4
+
+
+@pytest.mark.parametrize("model_type, keys", [
+    ("qwen3", "pre-rope"),        # keys through a per-head k_norm, [B, T, G, K]
+    ("gemma3_text", "pre-rope"),  # k_norm after the head transpose, [B, G, T, K]
+    ("gpt_neox", "pre-rope"),     # q/k/v fused and interleaved per head
+    ("phi", "pre-rope"),          # partial rotary
+    ("gpt_oss", "post-rope"),     # sinks and windows, keys projected inside the attention
+])
+def test_full_rank_equals_the_original_on_any_layout(model_type, keys):
+    from train.hf.tiny import tiny_model
+
+    target = HFTarget(tiny_model(model_type), keys)
+    ids = torch.randint(3, 128, (3, 24), generator=torch.Generator().manual_seed(0))
+    before = target.evaluate(ids)["loss"]
+    cal = calibrate(target, ids, 3)
+    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads) for s in target.slots}
+    with target.projected(P):
+        assert target.evaluate(ids)["loss"] == pytest.approx(before, abs=2e-5)
+    low = {s.key: projectors(cal.bases[s.key], [1] * s.heads) for s in target.slots}
+    with target.projected(low):
+        assert abs(target.evaluate(ids)["loss"] - before) > 1e-4
+    assert target.evaluate(ids)["loss"] == before  # undone
+
+
+def test_sequences_start_with_the_bos_asked_for(texts):
+    data = texts[0].read_bytes()
+    ids = torch.tensor(list(data)) % 64
+    calib, evals = hf_data(data, data, None, 64, 16, 3, 2, False, "c", "c", [], bos=5)
+    assert (calib[:, 0] == 5).all() and (evals[:, 0] == 5).all()
+    assert torch.equal(calib[:, 1:].flatten(), ids[:45])  # 15 text tokens a row
+    assert torch.equal(evals[:, 1:].flatten(), ids[45:75])  # after the calibration's

@@ -275,6 +275,16 @@ def test_runs_join_their_candidates(tmp_path, capsys):
     assert "rankzoo: note:" in captured.err and "d_model=32" in captured.err
 
 
+def test_a_run_given_twice_counts_once(tmp_path):
+    runs = write_run(tmp_path, run_raw("r", {
+        "w64": {"block": "sliding_window", "n_kv_heads": 1, "window": 64}}))
+    doc = pick_document(Constraints(D, H, L, T, 8 * KiB),
+                        runs=[runs, runs, runs / "w64", tmp_path / "." / "r"])
+    evidence = {r["label"]: r for r in doc["candidates"]}["sliding_window (MQA)"]["evidence"]
+    assert [e["variant"] for e in evidence] == ["w64"]
+    assert sum("given more than once in --runs; counted once" in n for n in doc["notes"]) == 3
+
+
 def test_runs_at_another_length_are_ignored(tmp_path):
     runs = write_run(tmp_path, run_raw("short", {
         "w64": {"block": "sliding_window", "n_kv_heads": 1, "window": 64}}, seq_len=128))

@@ -238,11 +238,11 @@ def test_bad_model_directories(capsys, tmp_path, text_file, llama_dir):
     assert "model directory not found" in _error(capsys, "--hf", tmp_path / "nope",
                                                  "--text", text_file)
     assert "no config.json" in _error(capsys, "--hf", tmp_path, "--text", text_file)
-    bert = tmp_path / "bert"
-    bert.mkdir()
-    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    err = _error(capsys, "--hf", bert, "--text", text_file)
-    assert "'bert' is not supported" in err and "llama" in err and "gpt2" in err
+    vit = tmp_path / "vit"  # an image encoder: transformers has no causal LM of that type
+    vit.mkdir()
+    (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    err = _error(capsys, "--hf", vit, "--text", text_file)
+    assert "'vit' is not supported" in err and "no causal LM of that type" in err
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "config.json").write_bytes((llama_dir / "config.json").read_bytes())

@@ -342,7 +342,8 @@ def test_old_report_renders_without_the_new_sections(report):
     md = to_markdown(old)
     assert "## Heads" not in md and "## Residual" not in md
     assert "none attached" in md_section(md, "Adapter")
-    rows = [ln for ln in md.splitlines() if ln.startswith("| v0 |")]
+    details = md.split("## Status", 1)[1]  # past the short answer's one row per variant
+    rows = [ln for ln in details.splitlines() if ln.startswith("| v0 |")]
     n_rows = sum(len(ly["axes"]) for ly in old["variants"][0]["layers"])
     assert len(rows) == n_rows + 1  # axis rows, then the totals of the (identical) layers
     assert "| **v0** | **model total, sum over layers** |" in md

@@ -67,9 +67,22 @@ def test_plot_writes_pngs_and_never_touches_the_run(run, tmp_path, capsys):
 
 
 def test_table_shows_verdicts_and_advice(run, capsys):
-    assert main(["report", str(run / "mqa")]) == 0
+    assert main(["report", str(run / "mqa"), "--details"]) == 0
     out = capsys.readouterr().out
     assert "advice" in out and "verdict" in out and "low-rank cache" in out
+
+
+def test_the_terminal_report_opens_with_a_short_answer(run, capsys):
+    assert main(["report", str(run)]) == 0
+    short = capsys.readouterr().out
+    assert main(["report", str(run), "--details"]) == 0
+    details = capsys.readouterr().out
+    assert short.startswith("summary: ") and details.startswith("rank budget: ")
+    assert f"`rankzoo report {run} --details`" in short and "verdict" not in short
+    assert len(short.splitlines()) <= 40 < len(details.splitlines())
+    for variant in ("mha", "mqa"):  # one row each: status, key metric, the budget's parts
+        (row,) = [ln for ln in short.splitlines() if ln.split()[:1] == [variant]]
+        assert "pretrain" in row and "inference" in row
 
 
 def test_plot_refuses_a_non_empty_dir(run, tmp_path, capsys):

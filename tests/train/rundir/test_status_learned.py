@@ -299,7 +299,9 @@ def tensorboard_points(vdir: Path) -> dict[str, list[tuple[int, float]]]:
 
     events = EventAccumulator(str(vdir), size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+    # by step, as TensorBoard draws them: a resumed run's points span two event files,
+    # which are read in the order of their names (a timestamp), not of their steps
+    return {tag: sorted((e.step, e.value) for e in events.Scalars(tag))
             for tag in events.Tags()["scalars"]}
 
 

@@ -64,36 +64,41 @@ def zoo_data(config: dict, options: CompressOptions, notes: list[str]):
 
 
 def cut(ids: torch.Tensor, seq_len: int, size: int, flag: str, where: str,
-        start: int = 0) -> torch.Tensor:
-    """size sequences of seq_len tokens from ids[start:], [size, seq_len]."""
-    need = size * seq_len
+        start: int = 0, bos: int | None = None) -> torch.Tensor:
+    """size sequences of seq_len tokens from ids[start:], [size, seq_len]; each a BOS
+    and seq_len - 1 tokens when `bos` is an id."""
+    from ...hf import with_bos
+
+    body = seq_len - (bos is not None)
+    need = size * body
     if ids.numel() - start < need:
         after = f" after the first {start} (the calibration's)" if start else ""
         raise ValueError(f"{where}: too short: {max(ids.numel() - start, 0)} tokens{after}, but "
                          f"{flag}={size} x seq_len={seq_len} needs {need}")
-    return ids[start:start + need].view(size, seq_len)
+    return with_bos(ids[start:start + need].view(size, body), bos)
 
 
 def hf_data(calib_data: bytes, eval_data: bytes, tokenizer, vocab: int, seq_len: int,
             calib_size: int, eval_size: int, overlap: bool, text: str, eval_text: str,
-            notes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+            notes: list[str], bos: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(calibration ids [Nc, T], evaluation ids [Ne, T]): the start of the calibration
     text; the start of the evaluation text, or, when it is the same text, what follows the
     calibration tokens (overlap: its start). Evaluation sequences equal to a calibration
-    sequence are left out unless overlap."""
+    sequence are left out unless overlap. Each sequence starts with `bos` when it is an id."""
     from ...hf import token_ids
 
     calib_ids = token_ids(calib_data, tokenizer, vocab, f"text={text}", notes)
-    calib = cut(calib_ids, seq_len, calib_size, "calib_size", f"text={text}")
+    calib = cut(calib_ids, seq_len, calib_size, "calib_size", f"text={text}", bos=bos)
     same = eval_data == calib_data
     eval_ids = calib_ids if same else token_ids(eval_data, tokenizer, vocab,
                                                 f"eval_text={eval_text}")
-    start = calib.numel() if same and not overlap else 0
+    start = calib_size * (seq_len - (bos is not None)) if same and not overlap else 0
     if same:
         notes.append(f"eval_text={eval_text} holds the calibration text: " + (
             "evaluation on its first tokens, as asked (overlap)" if overlap else
             f"evaluation starts after its first {start} tokens (the calibration's)"))
-    evals = cut(eval_ids, seq_len, eval_size, "eval_size", f"eval_text={eval_text}", start)
+    evals = cut(eval_ids, seq_len, eval_size, "eval_size", f"eval_text={eval_text}", start,
+                bos)
     if overlap:
         return calib, evals
     keep = disjoint_rows(calib, evals)

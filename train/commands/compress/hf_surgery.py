@@ -1,11 +1,12 @@
 """Hugging Face causal LMs' KV caches: their keys and values, and how compress projects them.
 
-    target = HFTarget(model, keys="auto")      # a layout of budgets/hf_layouts.py
+    target = HFTarget(model, keys="auto")      # layers found by budgets/hf_weights.py
     with target.projected(P): target.evaluate(ids)
 
-Keys before RoPE are projected through W_K (W_K -> P W_K per KV head, bias too), or by a
-hook on the per-head k_norm of models that normalize them; keys after RoPE (keys=post-rope)
-inside the attention, through transformers' AttentionInterface; values through W_V.
+Keys before RoPE are projected through the rows of W_K that give them (W_K -> P W_K per KV
+head, bias too; a fused q/k/v projection's rows wherever they sit), or by a hook on the
+per-head k_norm of models that normalize them; keys after RoPE (keys=post-rope) inside
+the attention, through transformers' AttentionInterface; values through W_V's rows.
 """
 
 from __future__ import annotations
@@ -17,50 +18,67 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.hf import ROPE_LAYOUTS, kv_pairs, pre_rope_module
-from budgets.hf_layouts import EXTRACTORS, KV_BIASES, Geometry, layout_of
-from budgets.lowrank import Slot, project_heads
+from budgets.hf_capture import capture, projection_weight
+from budgets.hf_layouts import Geometry
+from budgets.hf_weights import Rows, discover
+from budgets.lowrank import Slot, project_heads, project_rows
 
 from .options import key_label, resolve_keys
-from .surgery import Surgery, project_linear, projected
+from .surgery import Surgery, projected
 
 HF_ATTENTION = "rankzoo_compress"  # the attention implementation that projects rotated keys
+DISCOVERY_SEED = 0  # the random tokens the layers are found with
+
+
+def _discovery_ids(model: nn.Module) -> torch.Tensor:
+    vocab = int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(DISCOVERY_SEED)
+    return torch.randint(vocab, (1, 32), generator=g).to(next(model.parameters()).device)
 
 
 class HFTarget:
-    """A Hugging Face causal LM (budgets/hf_layouts.py's layouts): per layer the keys and
-    values of its KV heads; evaluation by next-token loss and perplexity."""
+    """A Hugging Face causal LM attending through transformers' attention interface: per
+    layer the keys and values of its KV heads; evaluation by next-token loss and
+    perplexity."""
 
     family = "kv"
 
     def __init__(self, model: nn.Module, keys: str = "auto"):
         self.model = model.eval()
         self.g = Geometry.from_config(model.config)
-        self.layout = layout_of(self.g.model_type, type(model).__name__)
-        self.rope = self.layout in ROPE_LAYOUTS
+        with torch.no_grad():
+            self.layers = discover(model, _discovery_ids(model))
+        self.rope = any(layer.rope for layer in self.layers)
         self.keys = resolve_keys(keys, self.rope, f"the {self.g.model_type} model")
-        self.attention = EXTRACTORS[self.layout](model)
-        for i, (_, w) in enumerate(self.attention):
-            self.g.check(i, w)
-        # (W_K, b_K, W_V, b_V) per layer, detached views of the parameters' storage taken
-        # before anything is written (GPT-2's are slices of its fused c_attn: autograd
-        # forbids in-place writes through views that chunk() returned)
-        self.kv = [(w.wk.detach(), _detached(bk), w.wv.detach(), _detached(bv))
-                   for (m, w) in self.attention
-                   for bk, bv in [KV_BIASES[self.layout](m)]]
-        self.index = {m: i for i, (m, _) in enumerate(self.attention)}
-        self.key_modules = [pre_rope_module(m) if self.rope else None
-                            for m, _ in self.attention]
-        G, K = self.g.n_kv_heads, self.g.head_dim
-        self.slots = [s for i in range(self.g.n_layers)
-                      for s in (Slot(i, "k", G, K), Slot(i, "v", G, K))]
+        self._check()
+        self.index = {layer.module: i for i, layer in enumerate(self.layers)}
+        self.slots = [s for i, layer in enumerate(self.layers)
+                      for s in (Slot(i, "k", layer.shape[1], layer.shape[2]),
+                                Slot(i, "v", layer.shape[1], layer.shape[3]))]
+
+    def _check(self) -> None:
+        """A clear error for a layer whose cache cannot be projected through its weights."""
+        if not self.layers:
+            raise ValueError(f"the {self.g.model_type} model has no attention layer: compress "
+                             f"projects KV caches (an SSM's state is not compressed here)")
+        for i, layer in enumerate(self.layers):
+            need = ({"W_K": layer.k} if self.keys == "pre-rope" else {}) | {"W_V": layer.v}
+            missing = [name for name, rows in need.items() if rows is None]
+            if missing:
+                raise ValueError(f"the {self.g.model_type} model's layer {i} ({layer.name}): "
+                                 f"no linear of its input gives {', '.join(missing)} (a "
+                                 f"latent cache, as MLA keeps); compress cannot project it")
+        shapes = {layer.shape for layer in self.layers}
+        if len(self.layers) != self.g.n_layers or len(shapes) != 1:
+            raise ValueError(f"the {self.g.model_type} model: compress reads models whose "
+                             f"{self.g.n_layers} layers all attend with one shape; found "
+                             f"{len(self.layers)} attention layers of shapes {sorted(shapes)}")
 
     @property
     def normed_keys(self) -> bool:
         """Keys before RoPE come out of a per-head norm (k_norm), not a linear map."""
-        return self.keys == "pre-rope" and any(
-            m is not None and m is not getattr(a, "k_proj", None)
-            for m, (a, _) in zip(self.key_modules, self.attention, strict=True))
+        return self.keys == "pre-rope" and any(layer.k.through is not None
+                                               for layer in self.layers)
 
     @property
     def saveable(self) -> str | None:
@@ -72,52 +90,39 @@ class HFTarget:
         return None
 
     def describe(self) -> str:
-        g = self.g
-        return (f"{g.model_type}: {g.n_layers} layers x {g.n_kv_heads} KV heads x (K "
-                f"{g.head_dim} + V {g.head_dim}); {key_label(self.keys, self.rope)}")
-
-    def _heads(self, out: torch.Tensor) -> torch.Tensor:
-        """[B, T, G*K] (k_proj) or [B, T, G, K] (a per-head k_norm) -> [B, G, T, K]."""
-        B, T = out.shape[:2]
-        return out.reshape(B, T, self.g.n_kv_heads, self.g.head_dim).transpose(1, 2)
+        H, G, K, V = self.layers[0].shape
+        return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
+                f"V {V}); {key_label(self.keys, self.rope)}")
 
     @torch.no_grad()
     def activations(self, ids: torch.Tensor) -> dict[tuple[int, str], torch.Tensor]:
-        """Keys (before RoPE from the key projection or k_norm, else as cached) and values
-        as the cache holds them, per layer [B, G, T, K]."""
-        pre: dict[int, torch.Tensor] = {}
-        handles = []
-        if self.keys == "pre-rope":
-            for i, m in enumerate(self.key_modules):
-                handles.append(m.register_forward_hook(
-                    lambda mod, args, out, i=i: pre.__setitem__(i, self._heads(out.detach()))))
-        try:
-            out = self.model(input_ids=ids, use_cache=True)
-        finally:
-            for h in handles:
-                h.remove()
-        pairs = kv_pairs(out)
+        """Keys (before RoPE, else as cached) and values as the cache holds them, per layer
+        [B, G, T, K], read from each layer's attention call."""
         acts = {}
-        for i, (k, v) in enumerate(pairs):
-            acts[(i, "k")] = pre[i] if self.keys == "pre-rope" else k
+
+        def on_call(call):
+            i = self.index[call.module]
+            k, v = _as_cached(call.key, call.value, call.window)
+            acts[(i, "k")] = call.key_pre if self.keys == "pre-rope" else k
             acts[(i, "v")] = v
+
+        with capture(self.model, on_call):
+            self.model(input_ids=ids, use_cache=False)
         return acts
 
     def apply(self, surgery: Surgery, P: dict) -> None:
         """The projections, applied to the model through `surgery`."""
         rotated = self.keys == "post-rope" and self.rope
-        for i, (wk, bk, wv, bv) in enumerate(self.kv):
+        for i, layer in enumerate(self.layers):
             Pk, Pv = P[(i, "k")], P[(i, "v")]
             if self.normed_keys:
-                surgery.hook(self.key_modules[i], lambda mod, args, out, _P=Pk: project_heads(
-                    out.reshape(*out.shape[:2], self.g.n_kv_heads, self.g.head_dim), _P,
-                    head_dim=-2).reshape(out.shape))
+                _project_norm(surgery, layer.k.through, Pk)
             elif not rotated:
-                project_linear(surgery, wk, bk, Pk)
-            project_linear(surgery, wv, bv, Pv)
+                project_rows_at(surgery, layer.k, Pk)
+            project_rows_at(surgery, layer.v, Pv)
         if rotated:
             attention_with_projected_keys(self.model, surgery, self.index,
-                                          {i: P[(i, "k")] for i in range(self.g.n_layers)})
+                                          {i: P[(i, "k")] for i in range(len(self.layers))})
 
     def projected(self, P: dict):
         return projected(self, P)
@@ -136,8 +141,37 @@ class HFTarget:
         return {"loss": loss / count, "perplexity": math.exp(loss / count), "tokens": count}
 
 
-def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach()
+def _as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
+    """[B, G, T, K] as the cache keeps them after the prefill (a window's last W - 1)."""
+    if window is None:
+        return key, value
+    start = max(key.shape[-2] - max(window - 1, 1), 0)
+    return key[..., start:, :], value[..., start:, :]
+
+
+def project_rows_at(surgery: Surgery, rows: Rows, P: torch.Tensor) -> None:
+    """W -> P W and b -> P b per head on the rows of the linear that give the heads (a
+    fused projection's rows, wherever they sit); undone by `surgery`."""
+    bias = getattr(rows.linear, "bias", None)
+    for t in (projection_weight(rows.linear), bias):
+        if t is None:
+            continue
+        t = t.detach()  # a view of the parameter's storage (Conv1D's transpose too)
+        saved = t[rows.index].clone()
+        flat = saved if saved.dim() == 2 else saved[:, None]
+        new = project_rows(flat, P)
+        t[rows.index] = new if saved.dim() == 2 else new[:, 0]
+        surgery.undo.append(lambda t=t, saved=saved, idx=rows.index: t.__setitem__(idx, saved))
+
+
+def _project_norm(surgery: Surgery, norm: nn.Module, P: torch.Tensor) -> None:
+    """A hook projecting a per-head norm's output, [B, T, G, K] or [B, G, T, K]."""
+    G = P.shape[0]
+
+    def hook(module, args, out):
+        tokens_first = out.shape[-2] == G and out.shape[1] != G
+        return project_heads(out, P, head_dim=-2 if tokens_first else -3)
+    surgery.hook(norm, hook)
 
 
 def attention_with_projected_keys(model, surgery: Surgery, index: dict, Pk: dict) -> None:

@@ -9,9 +9,10 @@ Errors name the parameter (the CLI, train/cli/__init__.py, shows them as its fla
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from budgets.advice import KEY_LABEL
+from budgets.kv_advice import KEY_LABEL
 from budgets.lowrank import dtype_bytes
 from budgets.verdicts import VerdictThresholds
 
@@ -60,8 +61,8 @@ class CompressOptions:
         if self.keys not in KEYS:
             raise ValueError(f"keys={self.keys}: one of {', '.join(KEYS)}")
         cache_dtype(self.cache_dtype)
-        if not self.tolerance >= 0:
-            raise ValueError(f"tolerance={self.tolerance:g}: expected >= 0")
+        if not 0 <= self.tolerance < math.inf:  # inf: no JSON number, and no test at all
+            raise ValueError(f"tolerance={self.tolerance:g}: expected a finite number >= 0")
         for name in ("length", "calib_size", "eval_size", "batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -70,10 +71,10 @@ class CompressOptions:
     def _check_targets(self) -> None:
         """The ratios and eps to measure at, and the eps of the advice checked."""
         for r in self.ratios:
-            if not r > 1.0:
+            if not 1.0 < r < math.inf:
                 raise ValueError(f"ratios={','.join(f'{x:g}' for x in self.ratios)}: each "
-                                 f"ratio must be > 1 (a cache that many times smaller than "
-                                 f"the full one), got {r:g}")
+                                 f"ratio must be > 1 and finite (a cache that many times smaller "
+                                 f"than the full one), got {r:g}")
         for e in self.eps:
             if not 0.0 < e < 1.0:
                 raise ValueError(f"eps={','.join(f'{x:g}' for x in self.eps)}: each eps must "
@@ -100,5 +101,5 @@ def resolve_keys(keys: str, rope: bool, what: str) -> str:
 
 
 def key_label(keys: str, rope: bool) -> str:
-    """How the document names the keys that get a basis (budgets/advice.py's labels)."""
+    """How the document names the keys that get a basis (budgets/kv_advice.py's labels)."""
     return KEY_LABEL["k_pre_rope" if keys == "pre-rope" else "k"] if rope else "keys"

@@ -4,7 +4,7 @@
     prediction = hf_prediction(target, cal, eps, nbytes, T, command)   # as `report --hf`
 
 A prediction is {"ranks": {slot key: [r per head]}, "seq_len": T, "advised", "withheld",
-"source"}: the KV advice's rank_eps_max per KV head rounded up (budgets/advice.py
+"source"}: the KV advice's rank_eps_max per KV head rounded up (budgets/kv_advice.py
 kv_option); for MLA, linear attention and SSMs, which get no KV advice, the ranks their
 inference row measured.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from budgets.advice import KEY_LABEL, kv_option
+from budgets.kv_advice import KEY_LABEL, kv_option
 
 from .calibrate import Calibration
 from .hf_surgery import HFTarget

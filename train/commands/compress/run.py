@@ -19,6 +19,7 @@ from torch import nn
 
 from budgets.lowrank import cache_bytes
 
+from ...rundir.lock import in_progress_note
 from .calibrate import Calibration, calibrate, hf_data, zoo_data
 from .hf_surgery import HFTarget
 from .measure import measure, verdict
@@ -32,7 +33,7 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     """(DecoderLM with the run's last weights, its config.yaml, the checkpoint's step) of a
     variant directory (read without Lightning)."""
     from ...lm.decoder import build_model
-    from ...rundir.read import is_variant_dir, run_config, variant_dirs
+    from ...rundir.read import check_shapes, is_variant_dir, run_config, variant_dirs
 
     if not vdir.exists():
         raise FileNotFoundError(f"run directory not found: {vdir}")
@@ -58,6 +59,7 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
         raise ValueError(f"{ckpt}: not a readable checkpoint ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:200]})") from None
     model = build_model(config)
+    check_shapes(model, state, ckpt, prefix="model.")  # one line, not a size mismatch's many
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     return model.eval(), config, None if step is None else int(step)
 
@@ -98,6 +100,9 @@ def compress_run(run_dir, options: CompressOptions | None = None,
     vdir = Path(run_dir)
     check_save_dir(options.save)
     model, config, step = load_variant(vdir)
+    writing = in_progress_note(vdir)
+    if writing is not None:
+        notes.append(writing)
     target = ZooTarget(model, options.keys)
     check_save_dir(options.save, target.saveable)
     calib, eval_x, eval_y = zoo_data(config, options, notes)
@@ -128,9 +133,10 @@ def compress_run(run_dir, options: CompressOptions | None = None,
 def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = None, *,
                 seq_len: int = 128, device: str = "cpu", dtype: str = "float32",
                 notes: list[str] | None = None,
-                progress: Callable[[str], None] | None = None) -> dict:
-    """The compress document of a Hugging Face causal LM saved in model_dir."""
-    from ...hf import device_of, dtype_of, read_text
+                progress: Callable[[str], None] | None = None, bos: bool = True) -> dict:
+    """The compress document of a Hugging Face causal LM saved in model_dir; its sequences
+    start with the tokenizer's BOS where it adds one, unless not `bos`."""
+    from ...hf import bos_of, bos_text, device_of, dtype_of, read_text
 
     began = time.perf_counter()
     options = options or CompressOptions()
@@ -148,7 +154,8 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
     calib, evals = hf_data(calib_data, eval_data, tokenizer,
                            int(target.model.config.vocab_size),
                            seq_len, calib_size, eval_size, options.overlap, str(text),
-                           str(eval_text), notes)
+                           str(eval_text), notes,
+                           bos_of(tokenizer) if bos and tokenizer is not None else None)
     batch = options.batch_size or 1
     T = options.length or seq_len
     cal = calibrate(target, calib, batch)
@@ -163,7 +170,7 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
     source = {"hf": str(model_dir), "model_type": target.g.model_type, "text": str(text),
               "eval_text": str(eval_text), "seq_len": seq_len, "device": str(where),
               "dtype": dtype, "tokens": "tokenizer" if tokenizer is not None
-              else "bytes % vocab_size"}
+              else "bytes % vocab_size", "bos": bos_text(tokenizer, bos)}
     doc = document(source, target, cal, options, T, prediction, rows, evaluation, notes,
                    time.perf_counter() - began)
     if options.save:

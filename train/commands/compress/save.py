@@ -20,7 +20,7 @@ from torch import nn
 from budgets.lowrank import projectors
 
 from ...render.compress import setting_name
-from ...rundir.files import write_json, write_yaml
+from ...rundir.files import atomic_path, write_json, write_yaml
 from .calibrate import Calibration
 from .options import CompressOptions
 from .surgery import Surgery
@@ -51,6 +51,13 @@ def save_compressed(doc: dict, target, cal: Calibration, chosen: dict,
     """The model at the verdict's setting (the largest measured ratio within the
     tolerance) written into options.save with its bases; nothing, and a note, when none."""
     v = doc["verdict"]
+    best = v["largest_ratio_within"]
+    if best is not None and best <= 1:  # a cache no smaller than the full one: no saving
+        doc["saved"] = None
+        notes.append(f"save={options.save}: nothing written: the settings within the "
+                     f"tolerance of {options.tolerance:g} keep a cache no smaller than the "
+                     f"full one (at best {best:.2f}x, {v['largest_within']})")
+        return
     index = next((i for i, r in enumerate(doc["rows"])
                   if i and r["allocation"] != "full"
                   and r["ratio"] == v["largest_ratio_within"]), None)
@@ -69,7 +76,8 @@ def save_compressed(doc: dict, target, cal: Calibration, chosen: dict,
         write(out)
     finally:
         surgery.restore()
-    torch.save(_bases(target, cal, ranks), out / "bases.pt")
+    with atomic_path(out / "bases.pt") as tmp:  # whole or not at all
+        torch.save(_bases(target, cal, ranks), tmp)
     row = doc["rows"][index]
     doc["saved"] = {"dir": str(out), "row": index, "ratio": row["ratio"],
                     "setting": setting_name(row), "bases": str(out / "bases.pt")}
@@ -91,10 +99,10 @@ def save_zoo(out: Path, model: nn.Module, config: dict) -> None:
     """A checkpoint laid out like a run's (checkpoints/last.ckpt: state_dict under
     "model.", the config under hyper_parameters) and its config.yaml."""
     (out / "checkpoints").mkdir(exist_ok=True)
-    torch.save({"state_dict": {f"model.{k}": v.detach().clone()
-                               for k, v in model.state_dict().items()},
-                "hyper_parameters": {"config": config}, "global_step": 0},
-               out / "checkpoints" / "last.ckpt")
+    with atomic_path(out / "checkpoints" / "last.ckpt") as tmp:
+        torch.save({"state_dict": {f"model.{k}": v.detach().clone()
+                                   for k, v in model.state_dict().items()},
+                    "hyper_parameters": {"config": config}, "global_step": 0}, tmp)
     write_yaml(out / "config.yaml", config)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...rundir.files import read_yaml
+from ...rundir.lock import in_progress_note
 from ...rundir.read import has_results, is_variant_dir, variant_dirs, variant_report
 from ...sizing.families import resolved
 from .constraints import Constraints, Sized
@@ -26,18 +27,25 @@ def read_runs(dirs: Sequence[str | Path], c: Constraints, notes: list[str]) -> l
     """What the finished runs under `dirs` (experiment or variant directories) measured,
     one record per run; a run trained at another d_model, n_heads or seq_len is left out
     with a note."""
-    records = []
+    records, seen = [], set()
     for d in dirs:
         path = Path(d)
         if not path.exists():
             raise FileNotFoundError(f"--runs {d}: no such run directory")
         if not path.is_dir():
             raise NotADirectoryError(f"--runs {d}: not a run directory (a file)")
+        writing = in_progress_note(path)
+        if writing is not None:
+            notes.append(writing)
         vdirs = [path] if is_variant_dir(path) else [
             v for v in variant_dirs(path) if has_results(v)]
         if not vdirs:
             notes.append(f"{path}: no results (no report.json or ranks.jsonl): ignored")
         for vdir in vdirs:
+            if vdir.resolve() in seen:  # named twice (itself and its experiment): once
+                notes.append(f"{vdir}: given more than once in --runs; counted once")
+                continue
+            seen.add(vdir.resolve())
             record = run_record(vdir, c, notes)
             if record is not None:
                 records.append(record)

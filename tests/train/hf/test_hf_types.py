@@ -1,0 +1,161 @@
+"""`report --hf` and `compress --hf` end to end on a tiny saved model of each type the probe
+is checked on (train/hf/tiny.py; built offline), and a clear error for what is out of
+reach."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers", reason="--hf needs transformers (pip install 'rankzoo[hf]')")
+
+import budgets  # noqa: E402
+from train.cli import main  # noqa: E402
+from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
+from train.hf import hf_report  # noqa: E402
+from train.hf.tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
+
+T, P = 32, 2
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    g = torch.Generator().manual_seed(0)
+    path.write_bytes(bytes(torch.randint(32, 127, (4000,), generator=g).tolist()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+
+    def save(model_type: str):
+        path = root / model_type
+        if not path.exists():
+            tiny_model(model_type).save_pretrained(path)
+        return path
+    return save
+
+
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_report_runs_on_each_type(saved, text_file, model_type):
+    report = hf_report(saved(model_type), text_file, seq_len=T, probe_size=P)
+    free = hf_report(saved(model_type), text_file, seq_len=T, probe_size=P, matfree_from=16)
+    assert [ly["kind"] for ly in free["variants"][0]["layers"]] == [
+        ly["kind"] for ly in report["variants"][0]["layers"]]
+    layers = report["variants"][0]["layers"]
+    assert report["source"]["model_type"] == model_type and layers
+    for layer in layers:
+        rows = {a["quantity"]: a for a in layer["axes"]}
+        kind = layer["kind"]
+        if kind["attention"] == "ssm":  # its mixing M alone, capped by its state N
+            assert set(rows) == {"past_future"} and "not_measured" in layer
+            assert rows["past_future"]["declared"] == min(kind["state"], T // 2)
+            continue
+        cache = ({"inference.latent", "inference.rope_key"} if model_type == "deepseek_v3"
+                 else {"inference.k", "inference.v"})  # MLA caches its latent
+        assert {"past_future", "out", *cache} <= set(rows)
+        assert ("qk" in rows) == ("not_measured" not in layer)
+        assert rows["past_future"]["declared"] == (
+            T // 2 if kind["window"] is None else kind["window"] - 1)
+    assert sum(len(k["layers"]) for k in report["kinds"]) == len(layers)
+    assert "unmeasured_mixers" not in report  # every decoder layer's mixer was read
+
+
+# falcon_h1: attention beside the SSM in every layer; its KV caches are projected
+@pytest.mark.parametrize("model_type", [*(t for t in ATTENTION_TYPES if t != "deepseek_v3"),
+                                        "falcon_h1"])
+def test_compress_runs_on_each_type(saved, text_file, model_type):
+    doc = compress_hf(saved(model_type), text_file, text_file,
+                      CompressOptions(ratios=(2,), calib_size=2, eval_size=2), seq_len=16)
+    full = doc["rows"][0]
+    assert full["allocation"] == "full" and doc["source"]["model_type"] == model_type
+    assert all(r["loss"] >= 0 for r in doc["rows"])
+
+
+def test_mla_compress_is_a_clear_error(saved, text_file, capsys):
+    code = main(["compress", "--hf", str(saved("deepseek_v3")), "--text", str(text_file),
+                 "--eval-text", str(text_file), "--seq-len", "16"])
+    err = capsys.readouterr().err
+    assert code == 2 and "deepseek_v3" in err and "W_K, W_V" in err and "latent" in err
+
+
+# mamba2: no attention; bamba: attention in some layers only
+@pytest.mark.parametrize("model_type", ["mamba2", "bamba"])
+def test_compress_names_what_it_cannot_project(saved, text_file, model_type):
+    with pytest.raises(ValueError, match=f"the {model_type} model"):
+        compress_hf(saved(model_type), text_file, text_file, CompressOptions(ratios=(2,)),
+                    seq_len=16)
+
+
+@pytest.mark.parametrize("model_type, sizes", [
+    ("bloom", dict(n_layer=2, n_head=4)),
+    ("falcon", dict(num_hidden_layers=2, num_attention_heads=4)),
+])
+def test_a_model_without_the_interface_gives_its_p(tmp_path, text_file, model_type, sizes):
+    config = transformers.AutoConfig.for_model(model_type, hidden_size=64, vocab_size=128,
+                                               **sizes)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
+    report = hf_report(tmp_path / "m", text_file, seq_len=T, probe_size=P)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "m", local_files_only=True, attn_implementation="eager")
+    ids = torch.tensor(list(text_file.read_bytes()[:P * T])).view(P, T) % 128
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions
+    for layer, A in zip(report["variants"][0]["layers"], attentions, strict=True):
+        rows = {a["quantity"]: a for a in layer["axes"]}
+        assert set(rows) == {"past_future"}  # P alone; the rest is named as not measured
+        assert "attention interface" in layer["not_measured"][0]
+        want = budgets.rank_metrics(A[..., T // 2:, :T // 2].double())["rank_eps"].mean(0)
+        assert rows["past_future"]["per_head"] == pytest.approx(want.tolist())
+
+
+def test_the_json_report_carries_kinds(saved, text_file, capsys):
+    code = main(["report", "--hf", str(saved("gemma3_text")), "--text", str(text_file),
+                 "--seq-len", str(T), "--probe-size", str(P), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    kinds = json.loads(out)["kinds"]
+    assert [(k["kind"], k["layers"], k["zoo_block"]) for k in kinds] == [
+        ("sliding W=8", [0, 1, 2, 3, 4], "sliding_window"), ("global", [5], "softmax")]
+    assert kinds[0]["rows"]["past_future"]["declared"] == 7
+    code = main(["report", "--hf", str(saved("gemma3_text")), "--text", str(text_file),
+                 "--seq-len", str(T), "--probe-size", str(P), "--format", "md"])
+    out, _ = capsys.readouterr()
+    assert "Per kind of layer" in out and "| sliding W=8 | 0-4 | sliding_window |" in out
+
+
+def test_what_is_out_of_reach_is_a_clear_error(tmp_path, text_file, capsys):
+    # short convolutions alone: no attention, no scan, no attention probabilities
+    tiny_model("lfm2", layer_types=["conv", "conv"], num_hidden_layers=2).save_pretrained(
+        tmp_path / "convs")
+    code = main(["report", "--hf", str(tmp_path / "convs"), "--text", str(text_file),
+                 "--seq-len", str(T), "--probe-size", str(P)])
+    out, err = capsys.readouterr()
+    assert code == 2 and not out
+    assert err.splitlines()[-1].startswith("rankzoo: error: lfm2: no layer attends through "
+                                           "transformers' attention interface")
+    assert "layers 0, 1 (Lfm2ShortConv)" in err  # its mixers named
+
+
+def test_other_mixers_are_named_as_not_measured(saved, text_file, capsys):
+    # lfm2: short convolutions in two layers, attention in one (train/hf/tiny.py)
+    path = saved("lfm2")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    convs = [i for i, t in enumerate(model.config.layer_types) if t == "conv"]
+    report = hf_report(path, text_file, seq_len=T, probe_size=P)
+    assert report["unmeasured_mixers"] == [
+        {"model_type": "lfm2", "layer": i, "name": f"model.layers.{i}.conv",
+         "class": type(model.model.layers[i].conv).__name__} for i in convs]
+    assert [ly["name"] for ly in report["variants"][0]["layers"]] == [
+        f"model.layers.{i}.self_attn" for i in range(3) if i not in convs]
+    code = main(["report", "--hf", str(path), "--text", str(text_file), "--seq-len", str(T),
+                 "--probe-size", str(P), "--format", "md"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "not measured: lfm2 layers 0, 2 (Lfm2ShortConv)" in out

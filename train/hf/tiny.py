@@ -1,0 +1,80 @@
+"""Tiny random Hugging Face causal LMs built offline from configs (hidden 64, 2-6 layers),
+one per model type the rank-budget probe is checked on.
+
+    model = tiny_model("gemma3_text")          # eval mode, eager attention, seeded weights
+
+Nothing is downloaded: AutoConfig.for_model fills every size not given here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .model_dir import import_transformers
+
+D, H, G, K, VOCAB = 64, 4, 2, 16, 128
+COMMON = dict(hidden_size=D, intermediate_size=128, num_attention_heads=H,
+              num_key_value_heads=G, head_dim=K, vocab_size=VOCAB, max_position_embeddings=256,
+              num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MOE = dict(num_local_experts=4, num_experts_per_tok=2, num_experts=4, moe_intermediate_size=32)
+
+# model type -> config overrides; each a feature of attention the probe must read
+TINY = {
+    "llama": {},
+    "qwen3": {},  # q/k norms per head
+    "gemma3_text": dict(num_hidden_layers=6, num_key_value_heads=1, sliding_window=8,
+                        sliding_window_pattern=6, query_pre_attn_scalar=32),  # 5 local : 1
+    "gemma2": dict(sliding_window=8, attn_logit_softcapping=5.0, query_pre_attn_scalar=32),
+    "mistral": dict(sliding_window=8),
+    "gpt_oss": dict(sliding_window=8, **MOE),  # sinks, windows on alternate layers, MoE
+    "qwen3_moe": dict(MOE, decoder_sparse_step=1, mlp_only_layers=[]),
+    "mixtral": dict(MOE),
+    "gpt2": dict(n_embd=D, n_layer=2, n_head=H, n_positions=256, vocab_size=VOCAB),
+    "gpt_neox": dict(rotary_pct=0.5, use_parallel_residual=True),
+    "phi": dict(partial_rotary_factor=0.5, num_key_value_heads=H, head_dim=None),
+    "deepseek_v3": dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+                        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                        moe_intermediate_size=32, num_key_value_heads=H, head_dim=8),
+    # Mamba-2 family: 8 SSD heads of 16 channels, state N = 16, chunks of 16 tokens
+    "mamba2": dict(num_heads=8, head_dim=16, state_size=16, n_groups=1, expand=2,
+                   chunk_size=16, num_attention_heads=None, num_key_value_heads=None),
+    "bamba": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,
+                  mamba_chunk_size=16, attn_layer_indices=[1], head_dim=None),
+    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,
+                      mamba_chunk_size=16, mamba_expand=2, mamba_d_ssm=128),
+    # Mamba-1: 128 channels, each its own selective scan over a state of N = 16
+    "mamba": dict(state_size=16, num_attention_heads=None, num_key_value_heads=None,
+                  head_dim=None),
+}
+# hybrids whose other mixers no capture reads (named in the report as not measured):
+# lfm2's short convolutions in layers 0 and 2, attention in layer 1
+OTHER_MIXERS = {
+    "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                 head_dim=None),
+}
+# the hybrids and SSMs above: their mixing is an SSD or selective scan (budgets/hf_ssm.py)
+SSM_TYPES = ("mamba2", "bamba", "falcon_h1", "mamba")
+ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
+
+
+def tiny_config(model_type: str, **extra):
+    """The config of a tiny `model_type` with TINY's overrides and `extra`."""
+    transformers = import_transformers()
+    sizes = {**COMMON, **{**TINY, **OTHER_MIXERS}.get(model_type, {}), **extra}
+    sizes = {k: v for k, v in sizes.items() if v is not None}
+    config = transformers.AutoConfig.for_model(model_type, **sizes)
+    if model_type == "gpt_oss":
+        config.layer_types = ["sliding_attention", "full_attention"] * (
+            config.num_hidden_layers // 2)
+    return config
+
+
+def tiny_model(model_type: str, seed: int = 0, **extra) -> nn.Module:
+    """A random tiny causal LM of `model_type` in eval mode on the eager path."""
+    transformers = import_transformers()
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        tiny_config(model_type, **extra), attn_implementation="eager")
+    return model.float().eval()
