@@ -9,6 +9,12 @@ bytes-per-element per token; a low-rank one (r_k + r_v) per token plus its bases
 (K r_k + V r_v) once per sequence, amortized at the probe's T (lowrank_cache_bytes, the one
 formula `rankzoo compress` counts with too). Keys after RoPE and, with RoPE, before it
 (what low-rank KV methods compress).
+
+Cost model (COST_MODEL, stated in every item): the ranks are measured per sequence, so the
+advice is for a basis fitted online per sequence, its bytes paid once per sequence at T.
+A basis shared by every sequence (fitted once on calibration data, what `rankzoo
+compress` measures) is a weight paid once per model, and needs the rank the pooled
+sequences reach, which per-sequence ranks understate: compress measures that one.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import math
 from .verdicts import VerdictThresholds
 
 COMPRESS = "to be checked with `rankzoo compress`"
+COST_MODEL = "per_sequence_basis"
+COST_TEXT = ("a basis fitted per sequence, paid once per sequence at T; a basis shared by "
+             "every sequence is a weight, measured by `rankzoo compress`")
 KEY_LABEL = {"k_pre_rope": "keys before RoPE", "k": "keys after RoPE"}
 
 
@@ -104,13 +113,14 @@ def _kv_layer(variant: dict, layer: dict, th: VerdictThresholds) -> dict | None:
         "kind": "kv_cache", "variant": name, "layer": i, "dtype": th.cache_dtype,
         "bytes_per_element": b, "seq_len": T, "n_kv_heads": G, "head_dim": K, "v_head_dim": V,
         "rope": bool(kv.get("rope")), "full_bytes_per_token": full, "options": options,
+        "cost_model": COST_MODEL,
         "observed": observed,  # rank_eps_max per KV head, of each matrix the ranks bound
         "conditions": conditions(variant, top),
         "text": f"{name} layer {i}: KV cache at {th.cache_dtype} ({b} B/element), {G} KV "
                 f"heads x (K {K} + V {V}): full {full} B/token. A low-rank cache, "
                 + "; ".join(_option_text(k, o, T, bool(kv.get("rope")))
                             for k, o in options.items())
-                + f". Ranks: {rests_on(variant)}; {COMPRESS}"}
+                + f". Ranks: {rests_on(variant)}; cost model: {COST_TEXT}; {COMPRESS}"}
 
 
 def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict:
@@ -132,10 +142,11 @@ def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict
              for k, o in options.items()]
     return {"kind": "kv_cache_summary", "variant": name, "layers": len(items),
             "dtype": th.cache_dtype, "full_bytes_per_token": full, "options": options,
-            "conditions": conditions(variant, None),
+            "cost_model": COST_MODEL, "conditions": conditions(variant, None),
             "text": f"{name}: KV cache over {len(items)} layers at {th.cache_dtype}: full "
                     f"{full} B/token; a low-rank cache of " + "; ".join(parts)
-                    + f" (sum over layers; ranks: {rests_on(variant)}); {COMPRESS}: "
+                    + f" (sum over layers; ranks: {rests_on(variant)}; cost model: "
+                      f"{COST_TEXT}); {COMPRESS}: "
                     + compress_command(name, max((o["ratio_at_T"] or 0) for o in options.values())
                                        if options else None)}
 
@@ -173,7 +184,7 @@ def no_saving(summary: dict, variant: dict, th: VerdictThresholds) -> dict:
     T = variant["seq_len"]
     return {**summary, "kind": "finding", "topic": "no_saving",
             "text": f"{variant['variant']}: no low-rank KV saving at T = {T}: a low-rank cache "
-                    f"(its bases counted once per sequence) gives full / low-rank = "
+                    f"(a basis per sequence, counted once per sequence) gives full / low-rank = "
                     f"{best_ratio(summary):.2f}x at best (full "
                     f"{summary['full_bytes_per_token']} B/token), below the "
                     f"{th.min_compression:g}x worth advising"}

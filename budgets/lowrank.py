@@ -6,6 +6,7 @@
     project_rows(W, P)                            # W [G*K, D] -> per head P_g W_g
     cache_bytes(slots, ranks, nbytes, T)          # the cache at those ranks, per token at T
     uniform_ranks / greedy_ranks / eps_ranks      # ranks for a target ratio, or an eps
+    stats.add_weight(w); U, E, gain = stats.output_basis()   # output-aware: P = U_r E_r
 
 A *slot* is one cached matrix kind of one layer, held per head: the keys or the values of
 each KV head (width K, V), MLA's latent (one head of width R), the recurrent state of
@@ -23,6 +24,14 @@ W -> U_r U_r^T W, b -> U_r U_r^T b, per head (project_rows). For keys with RoPE 
 projection acts on the keys before the rotation, which the model then applies to the
 rebuilt keys.
 
+Output-aware bases (the default of `rankzoo compress`) weigh the error as its reader sees
+it: a slot with a weight W [G, K, K] (keys: the query second moment, pair-averaged over
+the rotation with RoPE, pair_weight; values: W_O^T W_O of the heads reading them,
+value_weight) keeps the rank-r projector minimizing the weighted error tr(W (I - P) C
+(I - P)^T), C the Gram matrix: with S = W^(1/2), the top eigenvectors Q of S C S give
+U = S^-1 Q (rebuilt directions) and E = Q^T S (encoder rows), P = U_r E_r, and the
+eigenvalues (gain) are the weighted error each direction removes (docs/METRICS.md).
+
 Bytes follow the KV advice (budgets/kv_advice.py lowrank_cache_bytes, one formula): per
 token, the r codes of every head of every slot at the cache dtype, plus each basis
 (width x r) once per sequence, amortized at a stated length T; a full cache holds every
@@ -30,13 +39,19 @@ width. A state slot (a fixed-size recurrent state, not one entry per token) keep
 sequence `columns` elements per kept direction plus its basis; its bytes per token at T
 are those of one sequence of T tokens divided by T. Ratio = full / low-rank, both at T.
 
+Two cost models (`shared`): a per-sequence basis (an online basis fitted on each
+sequence, the report's KV advice) is paid once per sequence, amortized at T; a shared basis
+fitted once on calibration data (`rankzoo compress`) is a weight: its bytes are paid once
+per model, beside the cache, and the cache per token holds the codes alone.
+
 Allocations (each returns {slot key: [r per head]}):
   uniform_ranks(slots, target)   the largest one r for every head and slot (capped at
                                  each width) whose ratio reaches the target
   greedy_ranks(slots, energies, target)
                                  every head from r = 1 up, one direction at a time, the
-                                 one that adds the most relative energy (its eigenvalue
-                                 over its head's total) per byte, while the bytes fit
+                                 one that adds the most relative gain (its eigenvalue over
+                                 its head's total: energy, or the output-aware weighted
+                                 error it removes) per byte, while the bytes fit
                                  full / target
   eps_ranks(stats, eps)          per slot, the max over its heads of rank_eps_max at eps
                                  (the report's figure: per calibration sequence, max over
@@ -98,6 +113,23 @@ class SlotStats:
         self.spectra: list[torch.Tensor] = []  # [B, G, min(T, K)] per batch added
         self.shapes: list[tuple[int, int]] = []
         self.tokens = 0
+        self.weight: torch.Tensor | None = None  # [G, K, K] how the reader weighs errors
+
+    def add_weight(self, w: torch.Tensor) -> None:
+        """A reader's weight on this slot's errors [G, K, K] (symmetric PSD), summed."""
+        s = self.slot
+        if tuple(w.shape) != (s.heads, s.width, s.width):
+            raise ValueError(f"slot {s.kind} of layer {s.layer}: expected a weight "
+                             f"[{s.heads}, {s.width}, {s.width}], got {tuple(w.shape)}")
+        w64 = w.detach().cpu().double()
+        self.weight = w64 if self.weight is None else self.weight + w64
+
+    def output_basis(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(U [G, K, K], E [G, K, K], gain [G, K]) of weighted_basis(gram, weight)."""
+        if self.weight is None or not self.tokens:
+            raise ValueError(f"slot {self.slot.kind} of layer {self.slot.layer}: no weight or "
+                             f"no activations for an output-aware basis")
+        return weighted_basis(self.gram, self.weight)
 
     def add(self, a: torch.Tensor) -> None:
         """Activations a [B, G, T, K] of one calibration batch."""
@@ -136,11 +168,67 @@ class SlotStats:
         return [int(r) for r in maxima.tolist()]
 
 
+# ---------------------------------------------------------------- output-aware weights
+
+RIDGE = 1e-9  # relative to the weight's mean eigenvalue: directions no reader sees stay finite
+
+
+def weighted_basis(gram: torch.Tensor, weight: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U, E, gain) per head, fp64: gram C and weight W [G, K, K]. With S = W^(1/2), the
+    eigenvectors Q of S C S by descending eigenvalue give U = S^-1 Q and E = Q^T S, so
+    E U = I and P_r = U_r E_r minimizes tr(W (I - P) C (I - P)^T) over rank-r P (the
+    generalized eigenproblem C W u = lambda u); gain: the eigenvalues, the weighted error
+    each direction removes. r = K: P = I."""
+    C, W = gram.double(), weight.double()
+    K = W.shape[-1]
+    W = (W + W.transpose(-1, -2)) / 2
+    ridge = RIDGE * W.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)  # [G]
+    w, V = torch.linalg.eigh(W + ridge[:, None, None] * torch.eye(K, dtype=W.dtype))
+    w = w.clamp(min=float(ridge.min()))
+    S = V @ torch.diag_embed(w.sqrt()) @ V.transpose(-1, -2)  # [G, K, K]
+    S_inv = V @ torch.diag_embed(w.rsqrt()) @ V.transpose(-1, -2)
+    gain, Q = torch.linalg.eigh(S @ C @ S)  # ascending
+    gain, Q = gain.flip(-1).clamp(min=0.0), Q.flip(-1)
+    return S_inv @ Q, Q.transpose(-1, -2) @ S, gain
+
+
+def pair_weight(q_gram: torch.Tensor) -> torch.Tensor:
+    """A query second moment [G, K, K] averaged over RoPE's rotation (rotate-half pairs
+    (j, j + K/2)): each pair's diagonal block becomes its mean energy times I_2 and the
+    blocks between pairs of different frequencies vanish, a diagonal [G, K, K] that
+    commutes with every rotation."""
+    K = q_gram.shape[-1]
+    d = q_gram.diagonal(dim1=-2, dim2=-1)  # [G, K]
+    pair = (d[..., :K // 2] + d[..., K // 2:]) / 2  # [G, K/2]
+    return torch.diag_embed(torch.cat((pair, pair), dim=-1))
+
+
+def query_weight(q: torch.Tensor, kv_heads: int, rope: bool) -> torch.Tensor:
+    """Queries q [B, H, T, K] -> per KV head the summed second moment of the query heads
+    reading it [G, K, K] (head h reads KV head h // (H / G)), pair-averaged with RoPE."""
+    B, H, T, K = q.shape
+    q64 = q.detach().cpu().double().reshape(B, kv_heads, H // kv_heads, T, K)
+    m = torch.einsum("bgntk,bgntl->gkl", q64, q64)  # [G, K, K]
+    return pair_weight(m) if rope else m
+
+
+def value_weight(w_o: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """W_O [D, H*V] (nn.Linear's [out, in]) -> per KV head the sum of W_O,h^T W_O,h over
+    the query heads h reading it [G, V, V]."""
+    D, HV = w_o.shape
+    V = HV // heads
+    w = w_o.detach().cpu().double().reshape(D, kv_heads, heads // kv_heads, V)
+    return torch.einsum("dgnv,dgnu->gvu", w, w)
+
+
 # ---------------------------------------------------------------- projections
 
-def projectors(vectors: torch.Tensor, ranks: list[int]) -> torch.Tensor:
-    """U_r U_r^T per head [G, K, K] from bases [G, K, K] (columns by energy) and ranks
-    [G] (0 <= r <= K; r = K gives the identity up to rounding)."""
+def projectors(vectors: torch.Tensor, ranks: list[int],
+               encoders: torch.Tensor | None = None) -> torch.Tensor:
+    """U_r E_r per head [G, K, K] from bases [G, K, K] (columns by gain), ranks [G]
+    (0 <= r <= K; r = K gives the identity up to rounding) and encoder rows E (None: the
+    orthonormal basis's own, U^T)."""
     G, K, _ = vectors.shape
     if len(ranks) != G:
         raise ValueError(f"{len(ranks)} ranks for {G} heads")
@@ -149,7 +237,8 @@ def projectors(vectors: torch.Tensor, ranks: list[int]) -> torch.Tensor:
         if not 0 <= r <= K:
             raise ValueError(f"rank {r} of head {g} outside [0, {K}]")
         U = vectors[g, :, :r]
-        out[g] = U @ U.T
+        E = U.T if encoders is None else encoders[g, :r]
+        out[g] = U @ E
     return out
 
 
@@ -172,7 +261,8 @@ def project_heads(a: torch.Tensor, P: torch.Tensor, head_dim: int = -3) -> torch
         raise ValueError(f"activations {tuple(a.shape)} do not match {G} heads of width "
                          f"{P.shape[-1]}")
     moved = a.movedim(head_dim, -2)  # [..., G, K]
-    out = (moved.unsqueeze(-2) @ P.to(a.device, a.dtype)).squeeze(-2)  # P symmetric: a P = P a
+    Pt = P.transpose(-1, -2).to(a.device, a.dtype)  # row vectors: (P a)^T = a^T P^T
+    out = (moved.unsqueeze(-2) @ Pt).squeeze(-2)
     return out.movedim(-2, head_dim)
 
 
@@ -187,9 +277,11 @@ def retained_energy(energy: torch.Tensor, ranks: list[int]) -> list[float]:
 
 # ---------------------------------------------------------------- bytes
 
-def slot_bytes(slot: Slot, ranks: list[int], nbytes: int, T: int) -> dict:
+def slot_bytes(slot: Slot, ranks: list[int], nbytes: int, T: int,
+               shared: bool = False) -> dict:
     """{"full", "low", "codes", "basis"}: bytes per token at T of the slot's full cache and
-    at `ranks` (codes and bases apart), by lowrank_cache_bytes."""
+    at `ranks` (codes and bases apart), by lowrank_cache_bytes; low holds the basis
+    amortized at T, or, shared, the codes alone (the basis is a weight)."""
     if len(ranks) != slot.heads:
         raise ValueError(f"slot {slot.kind} of layer {slot.layer}: {len(ranks)} ranks for "
                          f"{slot.heads} heads")
@@ -197,22 +289,24 @@ def slot_bytes(slot: Slot, ranks: list[int], nbytes: int, T: int) -> dict:
     if slot.columns is None:  # one code per token and kept direction
         codes = low["bytes_per_token"] + slot.fixed_per_token * nbytes
         full = (slot.heads * slot.width + slot.fixed_per_token) * nbytes
-        return {"full": full, "low": codes + low["basis_bytes"] / T, "codes": codes,
-                "basis": low["basis_bytes"]}
+        return {"full": full, "low": codes + (0 if shared else low["basis_bytes"] / T),
+                "codes": codes, "basis": low["basis_bytes"]}
     # a state: per sequence `columns` elements per kept direction, plus the basis
     codes = (slot.columns * low["bytes_per_token"] + slot.fixed_per_sequence * nbytes) / T
     full = (slot.heads * slot.width * slot.columns + slot.fixed_per_sequence) * nbytes / T
-    return {"full": full, "low": codes + low["basis_bytes"] / T, "codes": codes,
-            "basis": low["basis_bytes"]}
+    return {"full": full, "low": codes + (0 if shared else low["basis_bytes"] / T),
+            "codes": codes, "basis": low["basis_bytes"]}
 
 
-def cache_bytes(slots: list[Slot], ranks: dict, nbytes: int, T: int) -> dict:
+def cache_bytes(slots: list[Slot], ranks: dict, nbytes: int, T: int,
+                shared: bool = False) -> dict:
     """The whole cache at `ranks` ({slot key: [r per head]}): full_bytes_per_token,
-    bytes_per_token (codes + bases amortized at T), code_bytes_per_token, basis_bytes (per
-    sequence), ratio = full / low-rank."""
+    bytes_per_token (codes + bases amortized at T; shared: the codes alone),
+    code_bytes_per_token, basis_bytes (per sequence; shared: per model), ratio = full /
+    low-rank."""
     if T < 1:
         raise ValueError(f"the length bases are amortized at must be >= 1, got {T}")
-    parts = [slot_bytes(s, list(ranks[s.key]), nbytes, T) for s in slots]
+    parts = [slot_bytes(s, list(ranks[s.key]), nbytes, T, shared) for s in slots]
     full, low = sum(p["full"] for p in parts), sum(p["low"] for p in parts)
     return {"full_bytes_per_token": full, "bytes_per_token": low,
             "code_bytes_per_token": sum(p["codes"] for p in parts),
@@ -232,26 +326,27 @@ def check_ratio(ratio: float) -> None:
                          f"got {ratio:g}")
 
 
-def uniform_ranks(slots: list[Slot], target: float, nbytes: int, T: int) -> dict | None:
+def uniform_ranks(slots: list[Slot], target: float, nbytes: int, T: int,
+                  shared: bool = False) -> dict | None:
     """The largest single r (capped at each slot's width) whose cache ratio at T reaches
     `target`; None when even r = 1 does not."""
     check_ratio(target)
     for r in range(max(s.width for s in slots), 0, -1):
         ranks = {s.key: [min(r, s.width)] * s.heads for s in slots}
-        if cache_bytes(slots, ranks, nbytes, T)["ratio"] >= target:
+        if cache_bytes(slots, ranks, nbytes, T, shared)["ratio"] >= target:
             return ranks
     return None
 
 
 def greedy_ranks(slots: list[Slot], energies: dict, target: float, nbytes: int,
-                 T: int) -> dict | None:
+                 T: int, shared: bool = False) -> dict | None:
     """Ranks within the bytes full / target: every head starts at r = 1, then the
     direction with the largest relative energy (eigenvalue / its head's total) per byte
     it costs is added, one at a time, while the bytes fit. None when r = 1 everywhere
     already exceeds them. `energies`: {slot key: [G, K] eigenvalues, descending}."""
     check_ratio(target)
     ranks = {s.key: [1] * s.heads for s in slots}
-    now = cache_bytes(slots, ranks, nbytes, T)
+    now = cache_bytes(slots, ranks, nbytes, T, shared)
     budget = now["full_bytes_per_token"] / target
     spent = now["bytes_per_token"]
     if spent > budget * (1 + 1e-12):
@@ -259,8 +354,8 @@ def greedy_ranks(slots: list[Slot], energies: dict, target: float, nbytes: int,
     heap = []
     cost = {}
     for s in slots:
-        one = slot_bytes(s, [1] + [0] * (s.heads - 1), nbytes, T)["low"]
-        cost[s.key] = one - slot_bytes(s, [0] * s.heads, nbytes, T)["low"]
+        one = slot_bytes(s, [1] + [0] * (s.heads - 1), nbytes, T, shared)["low"]
+        cost[s.key] = one - slot_bytes(s, [0] * s.heads, nbytes, T, shared)["low"]
         e = energies[s.key].double()
         for g in range(s.heads):
             total = float(e[g].sum())

@@ -198,7 +198,8 @@ def _adapter_note(name: str, entry: dict, budget: dict) -> str:
     LoRA of the experiment's configured r would add, when it configures one)."""
     attached, n_layers = budget["model"]["adapter"], len(budget["per_layer"])
     if attached:
-        return f"attached: rank {attached} per model (the r of every LoRA pair found, summed)"
+        return (f"attached: rank {attached} per model (the cap min(r, out, in) of every LoRA "
+                f"pair found, summed)")
     lora = entry.get("lora")
     if not lora:
         return "none attached"

@@ -265,6 +265,10 @@ def test_kv_bytes_by_hand(probed):
     assert item["conditions"]["max_observed"] == 4.0  # the largest rank bounded
     summary = the(report, "kv_cache_summary")
     assert summary["full_bytes_per_token"] == full and "rankzoo compress" in summary["text"]
+    # the cost model is stated: per-sequence ranks advise a basis paid per sequence
+    for it in (item, summary):
+        assert it["cost_model"] == "per_sequence_basis"
+        assert "a basis fitted per sequence, paid once per sequence" in it["text"]
 
 
 def test_kv_bytes_follow_the_dtype_and_the_value_width(probed):

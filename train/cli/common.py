@@ -132,7 +132,7 @@ LIBRARY_FLAGS = {
     "dtype": "--dtype", "layers": "--layers", "matfree_from": "--matfree-from",
     "calib_size": "--calib-size", "eval_size": "--eval-size", "batch_size": "--batch-size",
     "ratios": "--ratios", "advice_eps": "--advice-eps", "eps": "--eps", "alloc": "--alloc",
-    "keys": "--keys", "cache_dtype": "--cache-dtype", "length": "--length",
+    "keys": "--keys", "bases": "--bases", "cache_dtype": "--cache-dtype", "length": "--length",
     "tolerance": "--tolerance", "save": "--save"}
 LIBRARY_PARAM = re.compile(r"\b(" + "|".join(LIBRARY_FLAGS) + r")=")
 

@@ -47,12 +47,16 @@ def add_parser(sub) -> None:
                    help="also measure r per layer = rank_eps at each eps (0 < eps < 1)")
     c.add_argument("--alloc", default="uniform,greedy", metavar="LIST",
                    help="how ranks are spread at each ratio: uniform (one r), greedy (by "
-                        "energy per byte, per layer and head) (uniform,greedy)")
+                        "gain per byte, per layer and head) (uniform,greedy)")
     c.add_argument("--keys", default="auto", metavar="{auto,pre-rope,post-rope}",
                    help="keys that get a basis: before RoPE (auto with RoPE) or as cached")
+    c.add_argument("--bases", default="output", metavar="{output,energy}",
+                   help="output: errors weighted as the reader sees them (keys by the "
+                        "queries, values by W_O); energy: top directions by energy (output)")
     add_cache_dtype(c, "dtype the cache is counted in bytes at")
     c.add_argument("--length", type=positive_int, metavar="T",
-                   help="the length bases are amortized at (the report's probe length)")
+                   help="the length a per-sequence basis is amortized at, for "
+                        "ratio_per_sequence (the report's probe length)")
     c.add_argument("--tolerance", default="0.02", metavar="NATS",
                    help="eval loss change per token that the advice may cost (0.02)")
     c.add_argument("--advice-eps", metavar="EPS",
@@ -151,7 +155,8 @@ def _compress_options(args):
         ratios=_numbers(args.ratios, "--ratios"),
         eps=_numbers(args.eps, "--eps") if args.eps else (),
         allocations=tuple(a.strip() for a in args.alloc.split(",") if a.strip()),
-        keys=args.keys, cache_dtype=cache_dtype(args.cache_dtype), length=args.length,
+        keys=args.keys, bases=args.bases, cache_dtype=cache_dtype(args.cache_dtype),
+        length=args.length,
         tolerance=tolerance[0], advice_eps=advice_eps[0], calib_size=args.calib_size,
         eval_size=args.eval_size, overlap=args.overlap, batch_size=args.batch_size,
         save=args.save)

@@ -47,6 +47,25 @@ def add_parser(sub) -> None:
     add_format(r, md=True)
     add_details(r)
     add_plot(r, "PNG figures")
+    add_check_flags(r)
+
+
+def add_check_flags(r) -> None:
+    """The flags that check the advice against an outcome (train/commands/check/)."""
+    r.add_argument("--compressed", nargs="+", metavar="FILE",
+                   help="compress documents (`rankzoo compress RUN_DIR/<variant> --format json "
+                        "> FILE`): each KV advice item of that variant shows the loss change "
+                        "measured at its advised ranks, and the verdict")
+    r.add_argument("--check", action="store_true",
+                   help="run rankzoo compress at the advised ranks of each variant with KV "
+                        "advice (slow: says what it costs first) and show the measured loss "
+                        "change and the verdict; nothing is written")
+    r.add_argument("--emit-check", metavar="FILE",
+                   help="write a .yaml experiment that trains the cheaper blocks a variant's "
+                        "advice suggests beside it, matched in parameters; `rankzoo report` "
+                        "on its run shows the advice verified or refuted")
+    r.add_argument("--force", action="store_true",
+                   help="with --emit-check: overwrite an existing FILE")
 
 
 # --hf's probe options, parsed from text in check_args so that a bad value reads
@@ -115,6 +134,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for dest in ("text", "adapter", *HF_PROBE_OPTIONS):
         if args.hf is None and getattr(args, dest, None) is not None:
             p.error(only_with_hf(dest, getattr(args, dest)))
+    for dest in ("compressed", "check", "emit_check"):
+        if args.hf is not None and getattr(args, dest):
+            p.error(f"{flag(dest)} applies to a run directory, not to --hf")
+    if args.force and not args.emit_check:
+        p.error("--force only applies with --emit-check FILE")
     if args.hf is None and not args.bos:  # the probe batch of a run is its own data
         p.error("--no-bos only applies with --hf PATH")
     for dest in HF_PROBE_OPTIONS:
@@ -133,6 +157,7 @@ def cmd_report(args, out: Console) -> int:
         return _report_hf(args, out)
     notes: list[str] = []
     report = load_run(args.run_dir, notes=notes)
+    notes += _check_advice(args, report)
     print_notes(notes)
     sweep = run_summary(args.run_dir, report)  # None unless the experiment is a sweep
     if args.plot:
@@ -142,14 +167,31 @@ def cmd_report(args, out: Console) -> int:
     return 0
 
 
+def _check_advice(args, report: dict) -> list[str]:
+    """The advice against its outcome: the loss changes measured at the advised KV ranks
+    (--compressed, --check), the check experiment written (--emit-check). The notes."""
+    from ..commands.check import attach_measured, check_kv, emit_check, read_compressed
+
+    notes = attach_measured(report, read_compressed(args.compressed)) if args.compressed else []
+    if args.check:
+        notes += check_kv(args.run_dir, report)
+    if args.emit_check:
+        raw = emit_check(report, args.run_dir, args.emit_check, args.force)
+        notes.append(f"wrote {args.emit_check}: {', '.join(raw['variants'])}; train it with "
+                     f"`rankzoo train {args.emit_check}`")
+    return notes
+
+
 def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
                  details: bool = False, again: str = "") -> None:
     """The report as one JSON document (the sweep summary under "sweep"), Markdown, or
     for people: the short answer (with `details`, every table: the report's sections, the
-    variant summary, the sweep's, then the advice and findings), and recall vs capacity.
+    variant summary, the sweep's, then the advice, findings and the verdicts of check
+    variants), and recall vs capacity.
     `again`: the command that shows the details, named under the short answer."""
     import budgets
 
+    from ..commands.check.outcome import attach_checks
     from ..render import render_advice, render_table
     from ..render.answer import render_answer
     from ..render.document import report_markdown
@@ -157,6 +199,7 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     from ..render.summary import summary_table
     from ..render.sweep import sweep_markdown, sweep_table
 
+    attach_checks(report)  # a check experiment's verdicts (none: no key)
     view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
     if fmt == "json":
         extra = {**({"sweep": sweep} if sweep is not None else {}),

@@ -5,7 +5,8 @@
 Per variant one row: how its run ended, the metric it is judged by, and its budget in one
 line (per part, the realized ranks summed over rows and layers against the declared caps
 summed the same way); then at most three advice items, the ones that change a model
-first. Everything else (every row, head and finding) is in the details: `--details` in
+first, and the verdicts of a check experiment's run (the advice verified or refuted by
+training). Everything else (every row, head and finding) is in the details: `--details` in
 the terminal, always in report.md and JSON.
 """
 
@@ -20,7 +21,7 @@ from budgets.advice import solved
 from budgets.report import PARTS
 from budgets.verdicts import VerdictThresholds
 
-from .advice import advice_text
+from .advice import advice_text, check_style
 from .parts import part_of
 from .table import Column, TableSpec, fmt, to_markdown, to_rich
 
@@ -100,6 +101,8 @@ def render_answer(report: dict, details_hint: str = "") -> Group:
     for item in top_advice(report):
         lines.append(Text(f"- {advice_text(item)}", style="yellow"
                           if item["kind"] == "no_advice" else ""))
+    for item in report.get("advice_checks", []):
+        lines.append(Text(f"- {item['text']}", style=check_style(item)))
     more = _more(report)
     hint = "; ".join(x for x in (f"also: {more}" if more else "", details_hint) if x)
     if hint:
@@ -112,6 +115,9 @@ def answer_markdown(report: dict) -> str:
     top = top_advice(report)
     if top:
         lines += ["Top advice:", "", *(f"- {advice_text(a)}" for a in top), ""]
+    checks = report.get("advice_checks", [])
+    if checks:
+        lines += ["Advice checked by training:", "", *(f"- {a['text']}" for a in checks), ""]
     more = _more(report)
     if more:
         lines += [f"({more}: below.)", ""]

@@ -16,8 +16,8 @@ from rich.table import Table
 
 from .table import TableSpec, columns, fmt, to_markdown, to_rich
 
-COLUMNS = ("setting", "ratio", "B/token", "r per layer", "energy kept", "eval loss",
-           "Δ loss")
+COLUMNS = ("setting", "ratio", "B/token", "bases B", "r per layer", "energy kept",
+           "eval loss", "Δ loss")
 TEXT_COLUMNS = ("setting", "r per layer")
 # wider than the compact style: rich's default padding, as this table has always been drawn
 STYLE = {"pad_edge": True, "padding": (0, 1)}
@@ -40,7 +40,8 @@ def metric_name(doc: dict) -> str:
 def row_cells(row: dict, metric: str) -> list[str]:
     name = "full cache" if row["allocation"] == "full" else setting_name(row)
     return [name, fmt(row["ratio"], ".2f") + "x", fmt(row["bytes_per_token"], ".1f"),
-            row["ranks_summary"], fmt(row["retained_energy"], ".4f"), fmt(row["loss"], ".4f"),
+            fmt(row.get("basis_bytes"), ".0f"), row["ranks_summary"],
+            fmt(row["retained_energy"], ".4f"), fmt(row["loss"], ".4f"),
             fmt(row["delta_loss"], "+.4f"),
             fmt(row.get(metric), ".4f" if metric == "accuracy" else ".3f")]
 
@@ -49,8 +50,11 @@ def header(doc: dict) -> str:
     src = doc["source"]
     name = src.get("variant") or src.get("hf")
     cal, ev = doc["calibration"], doc["evaluation"]
-    return (f"compress {name}: {doc['model']}; cache at {doc['cache_dtype']} "
-            f"({doc['bytes_per_element']} B/element), bases amortized at T = {doc['length']}; "
+    used = ", ".join(f"{k} {v}" for k, v in ((doc.get("bases") or {}).get("used") or {}).items())
+    cost = ("B/token: the codes alone, the shared bases a weight (bases B, once per model)"
+            if "cost_model" in doc else f"bases amortized at T = {doc['length']}")
+    return (f"compress {name}: {doc['model']}; {used or 'energy'} bases; cache at "
+            f"{doc['cache_dtype']} ({doc['bytes_per_element']} B/element); {cost}; "
             f"calibration {cal['sequences']} sequences ({cal['tokens']} tokens), evaluation "
             f"{ev['sequences']} sequences ({ev['tokens']} tokens)")
 

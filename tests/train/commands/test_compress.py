@@ -50,17 +50,18 @@ def tokens(n: int = 6, T: int = 12, seed: int = 1) -> torch.Tensor:
 
 
 def projected_logits(target: ZooTarget, ranks: dict, calib: torch.Tensor,
-                     x: torch.Tensor) -> torch.Tensor:
-    cal = calibrate(target, calib, 4)
-    P = {key: projectors(cal.bases[key], ranks[key]) for key in ranks}
+                     x: torch.Tensor, bases: str = "energy") -> torch.Tensor:
+    cal = calibrate(target, calib, 4, bases)
+    P = {key: projectors(cal.bases[key], ranks[key], cal.encoders[key]) for key in ranks}
     with torch.no_grad(), target.projected(P):
         return target.model(x)
 
 
 # ---------------------------------------------------------------- exactness
 
+@pytest.mark.parametrize("bases", ["energy", "output"])
 @pytest.mark.parametrize("name", [*FAMILIES, "mha-post-rope", "window-post-rope", "moe-post-rope"])
-def test_full_rank_equals_the_original(name):
+def test_full_rank_equals_the_original(name, bases):
     block, kwargs = FAMILIES[name.removesuffix("-post-rope")]
     model = tiny(block, **kwargs)
     keys = "post-rope" if name.endswith("post-rope") else "auto"
@@ -68,14 +69,17 @@ def test_full_rank_equals_the_original(name):
     x, y = tokens(seed=2), tokens(seed=3)
     with torch.no_grad():
         before = model(x)
-    after = projected_logits(target, full_ranks(target.slots), tokens(), x)
+    after = projected_logits(target, full_ranks(target.slots), tokens(), x, bases)
     assert (after - before).abs().max() < 1e-4
     with torch.no_grad():
         assert torch.equal(model(x), before)  # the surgery was undone
     one = {s.key: [1] * s.heads for s in target.slots}
-    assert (projected_logits(target, one, tokens(), x) - before).abs().max() > 1e-6  # it acts
-    cal = calibrate(target, tokens(), 4)
-    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads) for s in target.slots}
+    assert (projected_logits(target, one, tokens(), x, bases) - before).abs().max() > 1e-6
+    cal = calibrate(target, tokens(), 4, bases)
+    weighted = bases == "output" and block not in ("moe", "mla")  # those keep energy bases
+    assert set(cal.used.values()) == {"output" if weighted else "energy"}
+    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads, cal.encoders[s.key])
+         for s in target.slots}
     with target.projected(P):
         loss = target.evaluate(x, y, 4)["loss"]
     assert loss == pytest.approx(target.evaluate(x, y, 4)["loss"], abs=2e-6)
@@ -168,6 +172,42 @@ RAW = tiny_experiment(
 RAW["train"], RAW["monitor"] = {"max_steps": 7, "warmup_steps": 1}, {"probe_size": 4}
 
 
+def distilled_delta(model: DecoderLM, bases: str, r: int, seed: int) -> float:
+    """The loss change at rank r of every slot on held-out tokens, against the labels the
+    full model predicts (a random model's own data: its loss there is what it knows)."""
+    target = ZooTarget(model)
+    calib, x = tokens(16, 24, seed=seed + 100), tokens(16, 24, seed=seed + 200)
+    with torch.no_grad():
+        y = model(x).argmax(-1)
+    base = target.evaluate(x, y, 8)["loss"]
+    cal = calibrate(target, calib, 8, bases)
+    P = {s.key: projectors(cal.bases[s.key], [r] * s.heads, cal.encoders[s.key])
+         for s in target.slots}
+    with target.projected(P):
+        return target.evaluate(x, y, 8)["loss"] - base
+
+
+def sharp(seed: int) -> DecoderLM:
+    """A tiny random MHA model with its matrices doubled: attention and predictions sharp
+    enough for the projection to show in the loss."""
+    model = tiny("softmax", seed=seed, n_heads=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(2.0)
+    return model
+
+
+def test_output_bases_lose_less_than_energy_bases_at_equal_rank():
+    deltas = {(seed, r): {b: distilled_delta(sharp(seed), b, r, seed)
+                          for b in ("energy", "output")}
+              for seed in range(3) for r in (2, 4)}
+    wins = sum(d["output"] <= d["energy"] for d in deltas.values())
+    assert wins > len(deltas) / 2, deltas
+    clear = deltas[(1, 4)]  # where the energy bases lose most to the output-aware ones
+    assert clear["output"] < 0.75 * clear["energy"], clear
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """runs/cz/<variant>/ as training leaves it: config.yaml, checkpoints/last.ckpt, and a
@@ -239,7 +279,19 @@ def test_json_table_and_the_reports_predicted_ratio(run, capsys):
                    if a["kind"] in ("kv_cache_summary", "finding") and "options" in a)
     predicted = summary["options"]["k_pre_rope"]["ratio_at_T"]
     assert doc["prediction"]["ratio"] == pytest.approx(predicted)
-    assert rows[1]["ratio"] == pytest.approx(predicted)
+    assert rows[1]["ratio_per_sequence"] == pytest.approx(predicted)
+    # compress's own cost model: the shared bases are weights, the codes alone per token
+    assert doc["cost_model"]["name"] == rows[1]["cost_model"] == "shared_basis"
+    codes = sum(r for layer in rows[1]["ranks"].values() for heads in layer for r in heads)
+    assert rows[1]["bytes_per_token"] == codes * doc["bytes_per_element"]
+    assert rows[1]["ratio"] == pytest.approx(rows[0]["bytes_per_token"] / (codes * 2))
+    assert rows[1]["ratio"] == pytest.approx(doc["prediction"]["ratio_shared"])
+    width = rows[0]["ranks"]["k"][0][0]  # K = V here: the full row keeps every width
+    assert rows[1]["basis_bytes"] == 2 * sum(  # K x r per head, once per model
+        r * width for layer in rows[1]["ranks"].values() for heads in layer for r in heads)
+    assert rows[1]["ratio"] > rows[1]["ratio_per_sequence"]
+    assert doc["bases"]["used"] == {"k": "output", "v": "output"}
+    assert all(r["bases"] == {"k": "output", "v": "output"} for r in rows[1:])
     # advice names the command that checks it; a cache that saves too little is a finding
     advised = max(o["ratio_at_T"] for o in summary["options"].values()) >= 1.25
     assert ("rankzoo compress RUN_DIR/mha --ratios" in summary["text"]) is advised
@@ -290,7 +342,7 @@ def test_markdown_plot_and_save(run, capsys, tmp_path):
     assert loss == pytest.approx(info["row"]["loss"], abs=1e-5)
     assert info["saved"]["setting"] != "the advised ranks" or info["row"]["ratio"] > 1
     bases = torch.load(saved / "bases.pt")
-    assert set(bases) == {"slots", "ranks", "bases"}
+    assert set(bases) == {"slots", "ranks", "bases", "encoders"}
     # nothing written is lost without being asked: a second --save into it is refused
     before = sorted(p.name for p in saved.rglob("*"))
     code, out, err = _cli(capsys, run / "mha", "--ratios", "2", "--save", saved)
@@ -300,6 +352,7 @@ def test_markdown_plot_and_save(run, capsys, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (("--ratios", "1,2"), "--ratios 1,2: each ratio must be > 1"),
+    (("--bases", "fisher"), "fisher: one of output, energy"),
     (("--ratios", "0.5"), "each ratio must be > 1"),
     (("--ratios", "two"), "--ratios two: expected numbers"),
     (("--eps", "0,0.5"), "--eps 0,0.5: each eps must lie in (0, 1)"),

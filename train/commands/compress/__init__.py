@@ -28,9 +28,14 @@ What is projected, per family (model surgery, each undone after its evaluation):
   ssm            the state h = sum x B^T over its N rows, per B/C group: B -> P B (the conv
                  state is kept in full)
 
-Settings evaluated: the report's advised ranks (per KV head, rank_eps_max rounded up: the
-ratio the report predicts), and per target ratio a uniform r and a greedy allocation by
-energy, and per --eps the per-layer rank_eps. The verdict: *verified* when the loss change
+Bases: output-aware by default (keys weighted by the queries' energy per rotary pair,
+values by W_O^T W_O of the heads reading them; budgets/lowrank.py weighted_basis), or by
+energy (--bases energy). Cost model: the bases are fitted once and shared, so they are
+weights: a row's ratio counts the codes per token alone, its basis bytes once per model.
+
+Settings evaluated: the report's advised ranks (per KV head, rank_eps_max rounded up),
+and per target ratio a uniform r and a greedy allocation by gain per byte, and per --eps
+the per-layer rank_eps. The verdict: *verified* when the loss change
 at the advised ranks is within the tolerance, else *refuted*, naming the largest measured
 ratio that is. Nothing is written except --plot DIR and --save DIR (each new or empty).
 

@@ -2,13 +2,19 @@
 
     calib, eval_x, eval_y = zoo_data(config, options, notes)   # a run's splits
     calib, evals = hf_data(calib_bytes, eval_bytes, tokenizer, vocab, seq_len, ...)
-    cal = calibrate(target, calib, batch_size)                  # per slot: stats, bases
+    cal = calibrate(target, calib, batch_size, "output")        # per slot: stats, bases
 
 A zoo run calibrates on the first sequences of its training split and is evaluated on its
 validation split, both rebuilt from config.yaml and its seed as training built them
 (train/data/loaders.py make_splits). A Hugging Face model calibrates on the start of one
 text and is evaluated on another, or on what follows the calibration tokens of the same.
 Evaluation sequences equal to a calibration sequence are left out unless overlap is asked.
+
+Bases: "energy" keeps each slot's top directions by energy; "output" (the default) weighs
+each slot's error as its reader sees it where the target supplies a weight (keys: the
+queries, values: W_O, a state's rows: what reads them; budgets/lowrank.py
+weighted_basis), and keeps energy bases for the slots it supplies none for (cal.used
+says which).
 """
 
 from __future__ import annotations
@@ -117,23 +123,38 @@ class Calibration:
 
     stats: dict
     bases: dict = field(default_factory=dict)
-    energy: dict = field(default_factory=dict)
+    energy: dict = field(default_factory=dict)  # the gain per direction the greedy weighs
+    encoders: dict = field(default_factory=dict)  # output bases: E [G, K, K]; energy: None
+    used: dict = field(default_factory=dict)  # slot key -> "output" | "energy"
     sequences: int = 0
     tokens: int = 0
     seconds: float = 0.0
 
 
-def calibrate(target, tokens: torch.Tensor, batch_size: int) -> Calibration:
+def calibrate(target, tokens: torch.Tensor, batch_size: int,
+              bases: str = "energy") -> Calibration:
     """The statistics of every slot of `target` (a ZooTarget or an HFTarget) over tokens
-    [N, T], in batches, and the basis and energies each gives."""
+    [N, T], in batches, and the basis and gains each gives (bases: energy or output)."""
     start = time.perf_counter()
     stats = {s.key: SlotStats(s) for s in target.slots}
     where = next(target.model.parameters()).device
+    output = bases == "output"
     for i in range(0, len(tokens), batch_size):
-        for key, a in target.activations(tokens[i:i + batch_size].to(where)).items():
+        weights: dict | None = {} if output else None
+        for key, a in target.activations(tokens[i:i + batch_size].to(where), weights).items():
             stats[key].add(a)
+        for key, w in (weights or {}).items():
+            stats[key].add_weight(w)
+    if output:
+        for key, w in target.static_weights().items():
+            stats[key].add_weight(w)
     cal = Calibration(stats, sequences=len(tokens), tokens=tokens.numel())
     for key, st in stats.items():
-        cal.bases[key], cal.energy[key] = st.basis()
+        if st.weight is not None:
+            cal.bases[key], cal.encoders[key], cal.energy[key] = st.output_basis()
+            cal.used[key] = "output"
+        else:
+            (cal.bases[key], cal.energy[key]), cal.encoders[key] = st.basis(), None
+            cal.used[key] = "energy"
     cal.seconds = time.perf_counter() - start
     return cal

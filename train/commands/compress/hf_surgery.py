@@ -21,7 +21,7 @@ from torch import nn
 from budgets.hf_capture import capture, projection_weight
 from budgets.hf_layouts import Geometry
 from budgets.hf_weights import Rows, discover
-from budgets.lowrank import Slot, project_heads, project_rows
+from budgets.lowrank import Slot, project_heads, project_rows, query_weight, value_weight
 
 from .options import key_label, resolve_keys
 from .surgery import Surgery, projected
@@ -95,9 +95,11 @@ class HFTarget:
                 f"V {V}); {key_label(self.keys, self.rope)}")
 
     @torch.no_grad()
-    def activations(self, ids: torch.Tensor) -> dict[tuple[int, str], torch.Tensor]:
+    def activations(self, ids: torch.Tensor, weights: dict | None = None
+                    ) -> dict[tuple[int, str], torch.Tensor]:
         """Keys (before RoPE, else as cached) and values as the cache holds them, per layer
-        [B, G, T, K], read from each layer's attention call."""
+        [B, G, T, K], read from each layer's attention call; the keys' weights (the
+        queries' second moment per KV head) into `weights` when it is a dict."""
         acts = {}
 
         def on_call(call):
@@ -105,10 +107,23 @@ class HFTarget:
             k, v = _as_cached(call.key, call.value, call.window)
             acts[(i, "k")] = call.key_pre if self.keys == "pre-rope" else k
             acts[(i, "v")] = v
+            if weights is not None:
+                weights[(i, "k")] = query_weight(call.query, k.shape[1], self.rope)
 
         with capture(self.model, on_call):
             self.model(input_ids=ids, use_cache=False)
         return acts
+
+    def static_weights(self) -> dict[tuple[int, str], torch.Tensor]:
+        """The values' weights: W_O^T W_O of the query heads reading each KV head (none
+        for a layer whose W_O was not found)."""
+        out = {}
+        for i, layer in enumerate(self.layers):
+            w = None if layer.out is None else projection_weight(layer.out)
+            H, G, _, V = layer.shape
+            if w is not None and w.shape[1] == H * V:
+                out[(i, "v")] = value_weight(w, H, G)
+        return out
 
     def apply(self, surgery: Surgery, P: dict) -> None:
         """The projections, applied to the model through `surgery`."""

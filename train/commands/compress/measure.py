@@ -3,10 +3,16 @@
     rows, chosen, baseline = measure(target, cal, evaluate, options, T, prediction, notes)
     verdict(rows, prediction, tolerance)   # {"verdict": "verified" | "refuted" | None, ...}
 
-Settings: the report's advised ranks (the ratio the report predicts), per target ratio a
-uniform r and a greedy allocation by energy (budgets/lowrank.py), and per eps the
-per-layer rank_eps. Each is evaluated with every slot projected to its ranks; settings
-with the same ranks are evaluated once. The verdict: *verified* when the loss change at
+Settings: the report's advised ranks, per target ratio a uniform r and a greedy allocation
+by gain per byte (budgets/lowrank.py), and per eps the per-layer rank_eps.
+
+Cost model: the bases are fitted once on calibration data and shared by every sequence,
+so they are weights: a row's ratio and bytes_per_token count the codes per token alone,
+its basis_bytes are paid once per model (ratio_per_sequence: the same ranks with the
+bases paid per sequence at T, the report's per-sequence accounting).
+
+Each setting is evaluated with every slot projected to its ranks; settings with the same
+ranks are evaluated once. The verdict: *verified* when the loss change at
 the advised ranks is within the tolerance, else *refuted*, naming the largest measured
 ratio that is.
 """
@@ -31,6 +37,9 @@ from ...render.compress import setting_name
 from .calibrate import Calibration
 from .options import MIN_COMPRESSION, CompressOptions
 
+SHARED = True  # the bases are weights (module docstring)
+COST_MODEL = "shared_basis"
+
 
 def settings(target, cal: Calibration, options: CompressOptions, T: int,
              prediction: dict | None, notes: list[str]) -> list[tuple[str, float | None, dict]]:
@@ -41,10 +50,11 @@ def settings(target, cal: Calibration, options: CompressOptions, T: int,
     nbytes, slots = options.nbytes, target.slots
     for ratio in options.ratios:
         for alloc in options.allocations:
-            ranks = (uniform_ranks(slots, ratio, nbytes, T) if alloc == "uniform"
-                     else greedy_ranks(slots, cal.energy, ratio, nbytes, T))
+            ranks = (uniform_ranks(slots, ratio, nbytes, T, SHARED) if alloc == "uniform"
+                     else greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED))
             if ranks is None:
-                floor = cache_bytes(slots, {s.key: [1] * s.heads for s in slots}, nbytes, T)
+                floor = cache_bytes(slots, {s.key: [1] * s.heads for s in slots}, nbytes, T,
+                                    SHARED)
                 notes.append(f"{alloc} {ratio:g}x: out of reach: at r = 1 everywhere the cache "
                              f"is {floor['ratio']:.2f}x smaller")
                 continue
@@ -73,30 +83,41 @@ def ranks_summary(by_kind: dict[str, list[list[int]]]) -> str:
     return " · ".join(parts)
 
 
+def bases_used(slots: list[Slot], cal: Calibration) -> dict[str, str]:
+    """{kind: "output" | "energy" | "mixed"}: the bases each kind's slots were fitted as."""
+    out: dict[str, set] = {}
+    for s in slots:
+        out.setdefault(s.kind, set()).add(cal.used.get(s.key, "energy"))
+    return {kind: used.pop() if len(used) == 1 else "mixed" for kind, used in out.items()}
+
+
 def full_row(target, nbytes: int, T: int, baseline: dict) -> dict:
     """The row of the full cache: ratio 1, every width kept, the model's own evaluation."""
     full = cache_bytes(target.slots, full_ranks(target.slots), nbytes, T)
-    return {"allocation": "full", "target": None, "ratio": 1.0,
+    return {"allocation": "full", "target": None, "ratio": 1.0, "ratio_per_sequence": 1.0,
+            "cost_model": COST_MODEL,
             "bytes_per_token": full["full_bytes_per_token"],
             "code_bytes_per_token": full["full_bytes_per_token"], "basis_bytes": 0,
             "ranks": ranks_by_kind(target.slots, full_ranks(target.slots)),
-            "ranks_summary": "full", "retained_energy": 1.0, "delta_loss": 0.0,
+            "ranks_summary": "full", "retained_energy": 1.0, "bases": None, "delta_loss": 0.0,
             **{k: v for k, v in baseline.items() if k != "tokens"},
             **({"delta_accuracy": 0.0} if "accuracy" in baseline else {})}
 
 
 def make_row(target, cal: Calibration, alloc: str, goal, ranks: dict, nbytes: int, T: int,
              metrics: dict, baseline: dict) -> dict:
-    size = cache_bytes(target.slots, ranks, nbytes, T)
+    size = cache_bytes(target.slots, ranks, nbytes, T, SHARED)
+    per_sequence = cache_bytes(target.slots, ranks, nbytes, T)["ratio"]
     kept = [x for s in target.slots for x in retained_energy(cal.energy[s.key], ranks[s.key])]
     by_kind = ranks_by_kind(target.slots, ranks)
     row = {"allocation": alloc, "target": goal, "ratio": size["ratio"],
+           "ratio_per_sequence": per_sequence, "cost_model": COST_MODEL,
            "bytes_per_token": size["bytes_per_token"],
            "code_bytes_per_token": size["code_bytes_per_token"],
            "basis_bytes": size["basis_bytes"], "ranks": by_kind,
            "ranks_per_layer": {k: [sum(ly) / len(ly) for ly in v] for k, v in by_kind.items()},
            "ranks_summary": ranks_summary(by_kind),
-           "retained_energy": sum(kept) / len(kept),
+           "retained_energy": sum(kept) / len(kept), "bases": bases_used(target.slots, cal),
            "loss": metrics["loss"], "delta_loss": metrics["loss"] - baseline["loss"]}
     for name in ("accuracy", "perplexity"):
         if name in metrics:
@@ -121,7 +142,8 @@ def measure(target, cal: Calibration, evaluate: Callable[[], dict], options: Com
     for n, (alloc, goal, ranks) in enumerate(todo, 1):
         signature = tuple((k, tuple(v)) for k, v in sorted(ranks.items()))
         if signature not in seen:
-            P = {key: projectors(cal.bases[key], ranks[key]) for key in ranks}
+            P = {key: projectors(cal.bases[key], ranks[key], cal.encoders.get(key))
+                 for key in ranks}
             with target.projected(P):
                 seen[signature] = evaluate()
         rows.append(make_row(target, cal, alloc, goal, ranks, nbytes, T, seen[signature],

@@ -22,6 +22,7 @@ SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
 KEYS = ("auto", "pre-rope", "post-rope")
 ALLOCATIONS = ("uniform", "greedy")
+BASES = ("output", "energy")  # output-aware (weighted by the reader) or by energy alone
 DEFAULT_RATIOS = (1.5, 2.0, 4.0, 8.0)
 DEFAULT_TOLERANCE = 0.02  # nats per token: exp(0.02) = 2% perplexity
 MIN_COMPRESSION = VerdictThresholds().min_compression  # the report's per-layer advice floor
@@ -42,6 +43,7 @@ class CompressOptions:
     eps: tuple[float, ...] = ()
     allocations: tuple[str, ...] = ALLOCATIONS
     keys: str = "auto"  # pre-rope (RoPE models' default), post-rope (the cached keys)
+    bases: str = "output"  # output: errors weighted as the reader sees them; energy
     cache_dtype: str = "bfloat16"
     length: int | None = None  # T the bases are amortized at; None: the report's probe T
     tolerance: float = DEFAULT_TOLERANCE  # on the eval loss change, nats per token
@@ -60,6 +62,8 @@ class CompressOptions:
                              f"{', '.join(ALLOCATIONS)}")
         if self.keys not in KEYS:
             raise ValueError(f"keys={self.keys}: one of {', '.join(KEYS)}")
+        if self.bases not in BASES:
+            raise ValueError(f"bases={self.bases}: one of {', '.join(BASES)}")
         cache_dtype(self.cache_dtype)
         if not 0 <= self.tolerance < math.inf:  # inf: no JSON number, and no test at all
             raise ValueError(f"tolerance={self.tolerance:g}: expected a finite number >= 0")

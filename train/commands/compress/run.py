@@ -22,11 +22,15 @@ from budgets.lowrank import cache_bytes
 from ...rundir.lock import in_progress_note
 from .calibrate import Calibration, calibrate, hf_data, zoo_data
 from .hf_surgery import HFTarget
-from .measure import measure, verdict
+from .measure import COST_MODEL, bases_used, measure, verdict
 from .options import SCHEMA, SCHEMA_VERSION, CompressOptions, cache_dtype
 from .prediction import hf_prediction, zoo_prediction
 from .save import check_save_dir, save_compressed, save_hf, save_zoo
 from .zoo_surgery import ZooTarget
+
+COST_TEXT = ("one basis per slot and head, fitted on the calibration data and shared by "
+             "every sequence: a weight, its bytes (basis_bytes) paid once per model; "
+             "bytes_per_token and ratio count the codes per token alone")
 
 
 def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
@@ -71,8 +75,13 @@ def document(source: dict, target, cal: Calibration, options: CompressOptions, T
     nbytes = options.nbytes
     pred = None
     if prediction is not None:
+        # the report's cost model (a basis per sequence, at its T), and the same ranks with
+        # the shared basis compress fits (a weight)
         size = cache_bytes(target.slots, prediction["ranks"], nbytes, prediction["seq_len"])
+        shared = cache_bytes(target.slots, prediction["ranks"], nbytes,
+                             prediction["seq_len"], shared=True)
         pred = {"ratio": size["ratio"], "bytes_per_token": size["bytes_per_token"],
+                "cost_model": "per_sequence_basis", "ratio_shared": shared["ratio"],
                 "seq_len": prediction["seq_len"], "advised": prediction["advised"],
                 "withheld": prediction["withheld"], "source": prediction["source"]}
     return {
@@ -81,6 +90,8 @@ def document(source: dict, target, cal: Calibration, options: CompressOptions, T
         "keys": target.keys if target.family == "kv" else None,
         "rope": bool(getattr(target, "rope", False)),
         "cache_dtype": cache_dtype(options.cache_dtype), "bytes_per_element": nbytes,
+        "bases": {"asked": options.bases, "used": bases_used(target.slots, cal)},
+        "cost_model": {"name": COST_MODEL, "text": COST_TEXT},
         "length": T, "tolerance": options.tolerance,
         "calibration": {"sequences": cal.sequences, "tokens": cal.tokens,
                         "seconds": cal.seconds},
@@ -112,7 +123,7 @@ def compress_run(run_dir, options: CompressOptions | None = None,
     if prediction is not None and prediction["seq_len"] != T:
         notes.append(f"bases amortized at length={T}, the report's at T = "
                      f"{prediction['seq_len']}: the advised ratio reads differently here")
-    cal = calibrate(target, calib, batch)
+    cal = calibrate(target, calib, batch, options.bases)
     rows, chosen, baseline = measure(target, cal,
                                      lambda: target.evaluate(eval_x, eval_y, batch),
                                      options, T, prediction, notes, progress)
@@ -158,7 +169,7 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
                            bos_of(tokenizer) if bos and tokenizer is not None else None)
     batch = options.batch_size or 1
     T = options.length or seq_len
-    cal = calibrate(target, calib, batch)
+    cal = calibrate(target, calib, batch, options.bases)
     command = (f"rankzoo report --hf {model_dir} --text {text} --seq-len {seq_len} "
                f"--probe-size {calib_size} --eps {options.advice_eps:g}")
     prediction = hf_prediction(target, cal, options.advice_eps, options.nbytes, seq_len,

@@ -69,7 +69,7 @@ def save_compressed(doc: dict, target, cal: Calibration, chosen: dict,
     ranks = chosen[index]
     out = Path(options.save)
     out.mkdir(parents=True, exist_ok=True)
-    P = {key: projectors(cal.bases[key], ranks[key]) for key in ranks}
+    P = {key: projectors(cal.bases[key], ranks[key], cal.encoders.get(key)) for key in ranks}
     surgery = Surgery()
     try:
         target.apply(surgery, P)
@@ -92,7 +92,11 @@ def _bases(target, cal: Calibration, ranks: dict) -> dict:
             "ranks": {f"{k[0]}.{k[1]}": list(r) for k, r in ranks.items()},
             "bases": {f"{k[0]}.{k[1]}": [cal.bases[k][g, :, :r].float().contiguous()
                                          for g, r in enumerate(ranks[k])]
-                      for k in ranks}}
+                      for k in ranks},
+            # output bases: the encoder rows E_r [r, K] giving the codes (energy: U_r^T)
+            "encoders": {f"{k[0]}.{k[1]}": None if cal.encoders.get(k) is None else
+                         [cal.encoders[k][g, :r].float().contiguous()
+                          for g, r in enumerate(ranks[k])] for k in ranks}}
 
 
 def save_zoo(out: Path, model: nn.Module, config: dict) -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.lowrank import Slot, project_heads
+from budgets.lowrank import Slot, project_heads, query_weight, value_weight
 from zoo.block import split_heads
 
 from ...sizing.families import CACHE_KINDS
@@ -53,6 +53,16 @@ class KVCache:
         k_pre = split_heads(block.k_proj, x, self.heads(block.config))
         return {(i, "k"): k_pre if target.keys == "pre-rope" else k_post, (i, "v"): v}
 
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        """The keys' weight: the second moment of the queries reading each KV head."""
+        q = block.project(x)[0]  # [B, H, T, K]; pair energies do not see the rotation
+        return {(i, "k"): query_weight(q, self.heads(block.config), target.rope)}
+
+    def static_weights(self, i: int, block) -> dict:
+        """The values' weight: W_O^T W_O of the query heads reading each KV head."""
+        c = block.config
+        return {(i, "v"): value_weight(block.o_proj.weight, c.n_heads, self.heads(c))}
+
     def project_rotated(self, surgery: Surgery, block, Pk: torch.Tensor) -> None:
         project = block.project
         surgery.patch(block, "project", lambda x, offset=0: (
@@ -81,6 +91,12 @@ class SharedKVCache(KVCache):
     def rotated(self, block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return block.shared_kv(x)  # [B, 1, T, K]
 
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        return {}  # queries and outputs go through the routed experts: energy bases
+
+    def static_weights(self, i: int, block) -> dict:
+        return {}
+
     def project_rotated(self, surgery: Surgery, block, Pk: torch.Tensor) -> None:
         shared = block.shared_kv
         surgery.patch(block, "shared_kv", lambda x, offset=0: (
@@ -108,11 +124,23 @@ class LatentCache:
     def unsaveable(self, target: ZooTarget) -> str | None:
         return None
 
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        return {}  # no output-aware weight for a latent yet: energy bases
+
+    def static_weights(self, i: int, block) -> dict:
+        return {}
+
 
 class StateCache:
     """A recurrent state, projected inside the block's forward pass (no weight to save)."""
 
     holds = "recurrent state"
+
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        return {}  # a state without a reader's weight: energy bases
+
+    def static_weights(self, i: int, block) -> dict:
+        return {}
 
     def unsaveable(self, target: ZooTarget) -> str | None:
         return (f"{target.block_kind}'s state is projected inside its forward pass, not "
@@ -132,6 +160,11 @@ class LinearState(StateCache):
 
     def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
         return {(i, "state"): block.features(x)[1]}  # phi(k) [B, H, T, F]
+
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        """The state's rows are read by phi(q): their second moment per head."""
+        phi_q = block.features(x)[0]  # [B, H, T, F]
+        return {(i, "state"): query_weight(phi_q, phi_q.shape[1], rope=False)}
 
     def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
         features, Ps = block.features, P[(i, "state")]
@@ -154,6 +187,11 @@ class SSMState(StateCache):
 
     def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
         return {(i, "state"): block.project(x)[4].transpose(1, 2)}  # B [B, G, T, N]
+
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        """The state's rows are read by C: its second moment per B/C group."""
+        C = block.project(x)[5].transpose(1, 2)  # [B, G, T, N]
+        return {(i, "state"): query_weight(C, C.shape[1], rope=False)}
 
     def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
         project, Ps = block.project, P[(i, "state")]
@@ -209,8 +247,10 @@ class ZooTarget:
                                    key_label(self.keys, self.rope))
 
     @torch.no_grad()
-    def activations(self, tokens: torch.Tensor) -> dict[tuple[int, str], torch.Tensor]:
-        """Per slot, what the cache would hold for tokens [B, T]: [B, G, T, K]."""
+    def activations(self, tokens: torch.Tensor, weights: dict | None = None
+                    ) -> dict[tuple[int, str], torch.Tensor]:
+        """Per slot, what the cache would hold for tokens [B, T]: [B, G, T, K]; the
+        weights of the slots that have one, into `weights` when it is a dict."""
         inputs: dict[int, torch.Tensor] = {}
         handles = [b.register_forward_pre_hook(
             lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
@@ -223,6 +263,15 @@ class ZooTarget:
         out = {}
         for i, block in enumerate(self.blocks):
             out.update(self.cache.activations(self, i, block, inputs[i].float()))
+            if weights is not None:
+                weights.update(self.cache.weights(self, i, block, inputs[i].float()))
+        return out
+
+    def static_weights(self) -> dict[tuple[int, str], torch.Tensor]:
+        """The weights that depend on the weights alone (values: W_O^T W_O)."""
+        out = {}
+        for i, block in enumerate(self.blocks):
+            out.update(self.cache.static_weights(i, block))
         return out
 
     def apply(self, surgery: Surgery, P: dict[tuple[int, str], torch.Tensor]) -> None:

@@ -34,29 +34,45 @@ def emit(doc: dict[str, Any], path: str | Path, force: bool = False,
     """Write the shortlist's experiment to `path` (a .yaml file) and return it. It is
     loaded back before writing (the same parse `rankzoo train` does), and an existing file
     is kept unless `force`."""
-    path = Path(path)
-    if path.suffix not in (".yaml", ".yml"):
-        raise ValueError(f"--emit {path}: expected a .yaml file")
-    if path.is_dir():
-        raise IsADirectoryError(f"--emit {path}: is a directory")
-    if path.exists() and not force:
-        raise FileExistsError(f"--emit {path}: exists; pass --force to overwrite it "
-                              "(nothing was written)")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"--emit {path}: the directory {path.parent} does not exist")
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem).lstrip("_.-") or "pick"
-    raw = emitted_experiment(doc, name, which)
-    text = experiment_yaml(raw, doc, path, which)
-    try:
-        parse_experiment(yaml.safe_load(text), source=str(path))
-    except ValueError as e:
-        raise ValueError(f"--emit {path}: the experiment would not load, so it was not "
-                         f"written: {e}") from None
-    write_new(path, text, force)
+    path = check_target(path, force)
+    raw = emitted_experiment(doc, experiment_name(path, "pick"), which)
+    write_experiment(path, experiment_yaml(raw, doc, path, which), force)
     return raw
 
 
-def write_new(path: Path, text: str, force: bool) -> None:
+def check_target(path: str | Path, force: bool, flag: str = "--emit") -> Path:
+    """`path` as a .yaml file that may be written: in a directory that exists, and new
+    unless `force`; errors name `flag`."""
+    path = Path(path)
+    if path.suffix not in (".yaml", ".yml"):
+        raise ValueError(f"{flag} {path}: expected a .yaml file")
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag} {path}: is a directory")
+    if path.exists() and not force:
+        raise FileExistsError(f"{flag} {path}: exists; pass --force to overwrite it "
+                              "(nothing was written)")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{flag} {path}: the directory {path.parent} does not exist")
+    return path
+
+
+def experiment_name(path: Path, default: str) -> str:
+    """The experiment name of an emitted file: its stem, fit for a directory name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem).lstrip("_.-") or default
+
+
+def write_experiment(path: Path, text: str, force: bool, flag: str = "--emit") -> None:
+    """The experiment `text` into `path`, loaded back first (the same parse `rankzoo
+    train` does): one that would not load is not written."""
+    try:
+        parse_experiment(yaml.safe_load(text), source=str(path))
+    except ValueError as e:
+        raise ValueError(f"{flag} {path}: the experiment would not load, so it was not "
+                         f"written: {e}") from None
+    write_new(path, text, force, flag)
+
+
+def write_new(path: Path, text: str, force: bool, flag: str = "--emit") -> None:
     """`text` into `path`: created exclusively (a file that appeared meanwhile is kept),
     or with `force` replaced atomically through a temporary file beside it."""
     if not force:
@@ -64,7 +80,7 @@ def write_new(path: Path, text: str, force: bool) -> None:
             with open(path, "x") as f:
                 f.write(text)
         except FileExistsError:
-            raise FileExistsError(f"--emit {path}: exists; pass --force to overwrite it "
+            raise FileExistsError(f"{flag} {path}: exists; pass --force to overwrite it "
                                   "(nothing was written)") from None
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

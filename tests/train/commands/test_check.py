@@ -1,0 +1,173 @@
+"""The report's advice against an outcome: KV advice with the loss change `rankzoo
+compress` measured at its ranks, and a cheaper-block suggestion trained beside its variant
+by the experiment `report --emit-check` writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from rich.console import Console
+
+from train.cli import main
+from train.commands.check import (
+    attach_checks,
+    attach_measured,
+    check_kv,
+    emit_check,
+    read_compressed,
+)
+from train.commands.check.outcome import ACCURACY_TOLERANCE, LOSS_TOLERANCE
+from train.commands.compress import CompressOptions
+from train.config import parse_experiment
+from train.experiment.stages import train_experiment
+from train.render.advice import advice_markdown, advice_text
+from train.rundir.read import load_run
+
+from ..conftest import tiny_experiment, write_run
+
+QUIET = Console(quiet=True)
+
+
+def kv_item(kind: str, variant: str = "mha") -> dict:
+    return {"kind": kind, "variant": variant, "layer": 0, "options": {}, "text": "a cache"}
+
+
+def compress_doc(variant: str, verdict: str | None, delta: float = 0.01) -> dict:
+    v = {"verdict": verdict, "tolerance": 0.02, "largest_ratio_within": None}
+    if verdict is not None:
+        v |= {"advised_ratio": 1.6, "advised_delta_loss": delta}
+    return {"schema": "rankzoo.compress", "source": {"variant": variant}, "verdict": v}
+
+
+# ---------------------------------------------------------------- measured KV advice
+
+def test_measured_loss_goes_beside_each_kv_item_of_its_variant(tmp_path):
+    report = load_run(write_run(tmp_path, tiny_experiment(variants={"mqa": {
+        "block": "softmax", "n_kv_heads": 1}})))
+    report["advice"] = [kv_item("kv_cache"), kv_item("kv_cache_summary"),
+                        kv_item("kv_cache_summary", "mqa"), {"kind": "note", "text": "n"}]
+    report["findings"] = [{**kv_item("finding"), "topic": "no_saving"},
+                          {**kv_item("finding"), "topic": "under_used"}]
+    notes = attach_measured(report, [compress_doc("mha", "refuted", 0.3),
+                                     compress_doc("gone", "verified"),
+                                     compress_doc("mqa", None)])
+    mha = [a for a in report["advice"] if a.get("variant") == "mha"]
+    assert all(a["measured"]["verdict"] == "refuted" for a in mha)
+    assert all(a["measured"]["delta_loss"] == 0.3 for a in mha)
+    assert "measured" not in report["advice"][2] and "measured" not in report["advice"][3]
+    assert "+0.3000 nats per token at its ratio of 1.60x: refuted" in advice_text(mha[0])
+    assert "refuted" in advice_markdown(report)
+    assert report["findings"][0]["measured"]["verdict"] == "refuted"
+    assert "measured" not in report["findings"][1]
+    assert any("'gone' is not in this report" in n for n in notes)
+    assert any("measured no advised ranks" in n for n in notes)
+
+
+def test_read_compressed_refuses_what_is_not_a_compress_document(tmp_path):
+    bad, other = tmp_path / "bad.json", tmp_path / "other.json"
+    bad.write_text("{not json")
+    other.write_text(json.dumps({"schema": "rankzoo.report"}))
+    with pytest.raises(ValueError, match="bad.json: not JSON"):
+        read_compressed([bad])
+    with pytest.raises(ValueError, match="other.json: not a rankzoo.compress document"):
+        read_compressed([other])
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        read_compressed([tmp_path / "missing.json"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The tiny experiment trained for its 6 steps (checkpoints, report.json)."""
+    root = tmp_path_factory.mktemp("runs")
+    train_experiment(parse_experiment(tiny_experiment()), root, console=QUIET)
+    return root / "tiny"
+
+
+def test_check_measures_the_advised_ranks_and_writes_nothing(trained):
+    report = load_run(trained)
+    report["advice"].append(kv_item("kv_cache_summary"))
+    before = {p: p.stat().st_mtime_ns for p in trained.rglob("*") if p.is_file()}
+    said = []
+    check_kv(trained, report, CompressOptions(ratios=(2.0,), allocations=("uniform",),
+                                              calib_size=4), say=said.append)
+    m = report["advice"][-1]["measured"]
+    assert m["verdict"] == ("verified" if m["delta_loss"] <= m["tolerance"] else "refuted")
+    assert m["ratio"] > 0 and "rankzoo compress" in said[0]  # the cost is said first
+    assert {p: p.stat().st_mtime_ns for p in trained.rglob("*") if p.is_file()} == before
+
+
+# ---------------------------------------------------------------- cheaper-block check
+
+def cheaper_block(state: int, layer: int = 0) -> dict:
+    return {"kind": "cheaper_block", "variant": "mha", "layer": layer, "state": state,
+            "text": "a fixed state"}
+
+
+def test_emit_check_writes_a_matched_experiment_and_keeps_what_exists(trained, tmp_path):
+    report = load_run(trained)
+    report["advice"].append(cheaper_block(3))
+    path = tmp_path / "check.yaml"
+    raw = emit_check(report, trained, path)
+    exp = parse_experiment(yaml.safe_load(path.read_text()))
+    assert list(exp.variants) == ["mha", "check.mha.ssm_n3", "check.mha.linear_f3"]
+    assert exp.variant_config("check.mha.ssm_n3")["block"]["d_state"] == 3
+    assert exp.variant_config("check.mha.linear_f3")["block"]["feature_dim"] == 3
+    assert exp.match.params and exp.data.seq_len == 16 and raw["name"] == "check"
+    text = path.read_text()
+    assert "layer 0 realizes" in text and f"rankzoo train {path}" in text
+    with pytest.raises(FileExistsError, match="pass --force"):
+        emit_check(report, trained, path)
+    assert path.read_text() == text
+    report["advice"] = []
+    with pytest.raises(ValueError, match="no variant has cheaper-block advice"):
+        emit_check(report, trained, tmp_path / "none.yaml")
+    with pytest.raises(ValueError, match="mha has no cheaper-block advice"):
+        emit_check(report, trained / "mha", tmp_path / "none.yaml")
+    assert not (tmp_path / "none.yaml").exists()
+
+
+def test_emitted_check_trains_and_its_report_gives_the_verdict(trained, tmp_path):
+    """End to end: the advice emits its experiment, the experiment trains, and the report
+    of its run says whether each suggested block matched the original."""
+    report = load_run(trained)
+    report["advice"].append(cheaper_block(2))
+    path = tmp_path / "check.yaml"
+    emit_check(report, trained, path)
+    train_experiment(parse_experiment(yaml.safe_load(path.read_text())), tmp_path / "runs",
+                     console=QUIET)
+    checked = load_run(tmp_path / "runs" / "check")
+    items = attach_checks(checked)
+    assert [(c["candidate"], c["block"], c["state"]) for c in items] == [
+        ("check.mha.ssm_n2", "ssm", 2), ("check.mha.linear_f2", "linear", 2)]
+    metrics = {v["variant"]: v["metrics"] for v in checked["variants"]}
+    for c in items:  # the verdict, recomputed from the runs' own metrics
+        a, b = metrics["mha"], metrics[c["candidate"]]
+        ok = (a["val/accuracy"] - b["val/accuracy"] <= ACCURACY_TOLERANCE
+              and b["val/loss"] - a["val/loss"] <= LOSS_TOLERANCE)
+        assert c["verdict"] == ("verified" if ok else "refuted")
+        assert c["verdict"] in c["text"]
+    assert "## Advice checked by training" in advice_markdown(checked)
+
+
+def test_report_shows_the_checks_of_a_check_run(tmp_path, capsys):
+    run = write_run(tmp_path, tiny_experiment(variants={
+        "check.mha.ssm_n2": {"block": "ssm", "d_state": 2}}))
+    assert main(["report", str(run), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [item] = doc["advice_checks"]
+    assert (item["variant"], item["candidate"]) == ("mha", "check.mha.ssm_n2")
+    assert item["metrics"]["val/loss"]["difference"] == 0.0  # write_run's equal metrics
+    assert item["verdict"] == "verified"
+
+
+def test_report_check_flags_refuse_bad_combinations(tmp_path, capsys):
+    run = write_run(tmp_path, tiny_experiment())
+    with pytest.raises(SystemExit) as e:
+        main(["report", str(run), "--force"])
+    assert e.value.code == 2
+    assert "--force only applies with --emit-check" in capsys.readouterr().err
+    assert main(["report", str(run), "--emit-check", str(tmp_path / "c.yaml")]) == 2
+    assert "no variant has cheaper-block advice" in capsys.readouterr().err
+    assert not (tmp_path / "c.yaml").exists()
