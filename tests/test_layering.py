@@ -76,33 +76,37 @@ def _owner(name: str, modules) -> str | None:
     return None
 
 
+def import_nodes(root: Path, modules: dict[str, Path]):
+    """(module, its file, "file:line", node) for every import statement of every module,
+    those inside functions included."""
+    for module, path in modules.items():
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield module, path, f"{rel}:{node.lineno}", node
+
+
 def import_edges(root: Path, packages=PACKAGES) -> list[Edge]:
     """Every import of a project module by a project module (self-imports left out)."""
     modules = modules_of(root, packages)
     edges = []
-    for module, path in modules.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        rel = path.relative_to(root).as_posix()
-        for node in ast.walk(tree):
-            where = f"{rel}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.Import):
-                targets = [(_owner(alias.name, modules), ()) for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _base(module, path, node)
-                targets, names = [], []
-                for alias in node.names:
-                    sub = f"{base}.{alias.name}"
-                    if sub in modules:  # `from pkg import submodule`
-                        targets.append((sub, ()))
-                    else:
-                        names.append(alias.name)
-                if names:
-                    targets.append((_owner(base, modules) if base in modules else None,
-                                    tuple(names)))
-            else:
-                continue
-            edges += [Edge(module, target, where, names) for target, names in targets
-                      if target is not None and target != module]
+    for module, path, where, node in import_nodes(root, modules):
+        if isinstance(node, ast.Import):
+            targets = [(_owner(alias.name, modules), ()) for alias in node.names]
+        else:
+            base = _base(module, path, node)
+            targets, names = [], []
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in modules:  # `from pkg import submodule`
+                    targets.append((sub, ()))
+                else:
+                    names.append(alias.name)
+            if names:
+                targets.append((_owner(base, modules) if base in modules else None,
+                                tuple(names)))
+        edges += [Edge(module, target, where, names) for target, names in targets
+                  if target is not None and target != module]
     return edges
 
 
@@ -373,20 +377,14 @@ NO_TORCH = ("train.render",)
 def library_imports(root: Path, packages=("train",)) -> list[tuple[str, str, str]]:
     """(module, imported dotted name, where) for every import of something outside the
     project by a module of `packages` (an import inside a function counts)."""
-    modules = modules_of(root, packages)
     found = []
-    for module, path in modules.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        rel = path.relative_to(root).as_posix()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            found += [(module, name, f"{rel}:{node.lineno}") for name in names
-                      if name.split(".")[0] not in PACKAGES]
+    for module, _, where, node in import_nodes(root, modules_of(root, packages)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            names = [node.module] if node.level == 0 and node.module else []
+        found += [(module, name, where) for name in names
+                  if name.split(".")[0] not in PACKAGES]
     return found
 
 

@@ -66,6 +66,19 @@ class RunSpec:
         return self.build(val_loader) if self.build else LMModule(self.config)
 
 
+def ended(e: BaseException, vdir: Path, start: int, trainer) -> BaseException:
+    """What a fit that stopped with `e` raises, its status recorded first: ^C as the CLI's
+    "interrupted" (exit code 130), a full or read-only disk (a library's own writes too,
+    TensorBoard's events) as one WriteFailed line, anything else as it came."""
+    e = interrupted(e, trainer)
+    record_end(vdir, e, start if trainer is None else trainer.global_step)
+    if isinstance(e, OSError) and e.errno in DISK_ERRORS:
+        failed = write_failed(Path(e.filename or vdir), e)
+        return WriteFailed(f"{failed}; --resume continues from the last checkpoint",
+                           failed.errno, failed.filename)
+    return e
+
+
 def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dict | None:
     """Train one run; return its report entry {probe, step, params, metrics}, or None on a
     non-zero rank of a distributed run (which trains alongside but writes nothing)."""
@@ -103,15 +116,10 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
         final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path)
         seconds = time.perf_counter() - began
     except BaseException as e:  # the status says how it ended, whatever ended it
-        e = interrupted(e, trainer)
-        record_end(vdir, e, start if trainer is None else trainer.global_step)
-        if isinstance(e, KeyboardInterrupt):  # the CLI's "interrupted", exit code 130
-            raise e from None
-        if isinstance(e, OSError) and e.errno in DISK_ERRORS:  # also a library's writes
-            failed = write_failed(Path(e.filename or vdir), e)  # (TensorBoard's events)
-            raise WriteFailed(f"{failed}; --resume continues from the last checkpoint",
-                              failed.errno, failed.filename) from None
-        raise
+        out = ended(e, vdir, start, trainer)
+        if out is e:
+            raise
+        raise out from None
     if not trainer.is_global_zero:
         return None
     console.print(outcome(spec, trainer.global_step, final, seconds))

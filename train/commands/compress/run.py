@@ -132,13 +132,9 @@ def compress_run(run_dir, options: CompressOptions | None = None,
                   "calibration_split": "validation" if options.overlap else "training"}
     source = {"run": str(vdir), "variant": config.get("variant", vdir.name),
               "block": target.block_kind, "step": step}
-    doc = document(source, target, cal, options, T, prediction, rows, evaluation, notes,
-                   time.perf_counter() - began)
-    if options.save:
-        save_compressed(doc, target, cal, chosen, options, notes,
-                        lambda d: save_zoo(d, model, config))
-    doc["notes"] = list(notes)
-    return doc
+    return finish(document(source, target, cal, options, T, prediction, rows, evaluation,
+                           notes, time.perf_counter() - began),
+                  target, cal, chosen, options, notes, lambda d: save_zoo(d, model, config))
 
 
 def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = None, *,
@@ -182,11 +178,17 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
               "eval_text": str(eval_text), "seq_len": seq_len, "device": str(where),
               "dtype": dtype, "tokens": "tokenizer" if tokenizer is not None
               else "bytes % vocab_size", "bos": bos_text(tokenizer, bos)}
-    doc = document(source, target, cal, options, T, prediction, rows, evaluation, notes,
-                   time.perf_counter() - began)
+    return finish(document(source, target, cal, options, T, prediction, rows, evaluation,
+                           notes, time.perf_counter() - began),
+                  target, cal, chosen, options, notes, lambda d: save_hf(d, target, tokenizer))
+
+
+def finish(doc: dict, target, cal: Calibration, chosen: dict, options: CompressOptions,
+           notes: list[str], save: Callable[[Path], None]) -> dict:
+    """The document with --save done (`save` writes the model into a directory) and the
+    notes as they stand after it."""
     if options.save:
-        save_compressed(doc, target, cal, chosen, options, notes,
-                        lambda d: save_hf(d, target, tokenizer))
+        save_compressed(doc, target, cal, chosen, options, notes, save)
     doc["notes"] = list(notes)
     return doc
 

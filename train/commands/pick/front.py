@@ -34,6 +34,14 @@ def family_order(pairs: list[tuple[str, int | None]]) -> dict[str, int]:
     return {f: i for i, f in enumerate(ranked)}
 
 
+# the budgets besides the cache that a shape can exceed: (constraint, its name in
+# Sized.limited_by, the cost, how it is asked for, how the fewest is said, its unit)
+LIMITS = (("params_budget", "params", lambda s: s.cost.block_params, "block parameters",
+           "the fewest parameters", ""),
+          ("flops_budget", "FLOPs", lambda s: s.cost.prefill_flops, "FLOPs/token",
+           "the fewest FLOPs", "/token"))
+
+
 def nothing_fits(c: Constraints, sized: list[Sized]) -> str:
     """'nothing fits 1 KiB per sequence at 8192 tokens: the smallest cache is
     sliding_window (MQA) W=2, G=1 at 12 KiB' (and the fewest parameters or FLOPs when
@@ -45,22 +53,16 @@ def nothing_fits(c: Constraints, sized: list[Sized]) -> str:
     cache = smallest(lambda s: s.cost.cache_bytes)
     found = [f"the smallest cache is {cache.label} {describe(cache.shape.block, cache.cost.config)}"
              f" at {format_bytes(cache.cost.cache_bytes)}"]
-    if c.params_budget is not None:
-        asked.append(f"{format_count(c.params_budget)} block parameters")
-        few = smallest(lambda s: s.cost.block_params)
-        if few.cost.block_params > c.params_budget or "params" in cache.limited_by:
-            found.append(f"the fewest parameters {few.label} "
-                         f"{describe(few.shape.block, few.cost.config)} with "
-                         f"{format_count(few.cost.block_params)}")
-    if c.flops_budget is not None:
-        asked.append(f"{format_count(c.flops_budget)} FLOPs/token")
-        few = smallest(lambda s: s.cost.prefill_flops)
-        if few.cost.prefill_flops > c.flops_budget or "FLOPs" in cache.limited_by:
-            found.append(f"the fewest FLOPs {few.label} "
-                         f"{describe(few.shape.block, few.cost.config)} with "
-                         f"{format_count(few.cost.prefill_flops)}/token")
+    for field, limit, cost, what, fewest, unit in LIMITS:
+        budget = getattr(c, field)
+        if budget is None:
+            continue
+        asked.append(f"{format_count(budget)} {what}")
+        few = smallest(cost)
+        if cost(few) > budget or limit in cache.limited_by:
+            found.append(f"{fewest} {few.label} {describe(few.shape.block, few.cost.config)} "
+                         f"with {format_count(cost(few))}{unit}")
     return f"nothing fits {', '.join(asked)}: {'; '.join(found)}"
-
 
 
 def measured_accuracy(row: dict[str, Any]) -> float | None:
