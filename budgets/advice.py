@@ -27,10 +27,12 @@ advice on data-dependent ranks, and one note saying so.
                 locality, and a window's rank bound W - 1 does not work the other way.
   kv_cache      per layer with KV heads (softmax family; budgets/kv_advice.py): the
                 bytes of the cache at cache_dtype (bfloat16: 2 B), per KV head g with
-                ranks r_k, r_v (rank_eps_max rounded up): full (K + V) B per token;
-                low-rank (r_k + r_v) B per token plus bases (K r_k + V r_v) B once per
-                sequence, amortized at the probe's T; ratio full / low-rank at T. For keys
-                after RoPE and, with RoPE, before it (what low-rank KV methods compress).
+                ranks r_k, r_v (rank_eps_pooled, the probe's sequences stacked, rounded
+                up): full (K + V) B per token; low-rank (r_k + r_v) B per token of codes,
+                its bases (K r_k + V r_v) B a weight shared by every sequence (older probes
+                without pooled ranks: rank_eps_max, bases paid once per sequence at T).
+                Keys after RoPE and, with RoPE, before it (what low-rank KV methods
+                compress).
                 Emitted when a ratio reaches min_compression; one "kv_cache_summary" per
                 variant sums the layers and names the `rankzoo compress` command that
                 checks it (compress_command), or below min_compression becomes a
@@ -213,8 +215,9 @@ def _check_kv(item: dict, variant: dict) -> list[str]:
         return [f"{where}: the layer has no KV head figures to check it against"]
     bad = []
     for key, opt in item["options"].items():
+        field = opt.get("rank_field", "rank_eps_max")  # the figure the ranks were read from
         for q, ranks in ((key, opt["rank_k"]), ("v", opt["rank_v"])):
-            maxima = kv.get(q, {}).get("rank_eps_max") or []
+            maxima = kv.get(q, {}).get(field) or []
             if len(maxima) != len(ranks):
                 bad.append(f"{where}: {len(ranks)} {q} ranks for {len(maxima)} KV heads")
             for g, (r, m) in enumerate(zip(ranks, maxima, strict=False)):

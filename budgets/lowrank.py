@@ -53,9 +53,8 @@ Allocations (each returns {slot key: [r per head]}):
                                  its head's total: energy, or the output-aware weighted
                                  error it removes) per byte, while the bytes fit
                                  full / target
-  eps_ranks(stats, eps)          per slot, the max over its heads of rank_eps_max at eps
-                                 (the report's figure: per calibration sequence, max over
-                                 sequences), the same r for every head of the slot
+  eps_ranks(stats, eps)          per slot and head, rank_eps_pooled at eps (the report's
+                                 advised figure: every calibration sequence stacked)
 """
 
 from __future__ import annotations
@@ -153,6 +152,15 @@ class SlotStats:
                              f"calibration activations were added")
         energy, vectors = torch.linalg.eigh(self.gram)  # ascending
         return vectors.flip(-1), energy.flip(-1).clamp(min=0.0)
+
+    def rank_eps_pooled(self, eps: float) -> list[int]:
+        """Per head, rank_eps of every calibration token stacked, [sum T, K]: the rank a
+        basis shared by all the sequences needs (the report's rank_eps_pooled)."""
+        check_eps(eps)
+        energy = self.basis()[1]  # [G, K], descending
+        shape = (self.tokens, self.slot.width)
+        ranks = spectrum_metrics(energy.sqrt(), shape, eps)["rank_eps"]
+        return [int(r) for r in ranks.tolist()]
 
     def rank_eps_max(self, eps: float) -> list[int]:
         """Per head, the largest rank_eps at eps over the calibration sequences (each
@@ -380,11 +388,7 @@ def greedy_ranks(slots: list[Slot], energies: dict, target: float, nbytes: int,
 
 
 def eps_ranks(stats: dict, eps: float) -> dict:
-    """Per slot, r = the max over its heads of rank_eps_max at eps (at least 1), the same
-    for every head: the report's per-sample figure on the calibration sequences."""
+    """Per slot and head, r = rank_eps_pooled at eps (at least 1): the report's advised
+    figure, the rank of every calibration sequence stacked that one shared basis needs."""
     check_eps(eps)
-    out = {}
-    for key, st in stats.items():
-        r = max(1, max(st.rank_eps_max(eps)))
-        out[key] = [min(r, st.slot.width)] * st.slot.heads
-    return out
+    return {key: [max(1, r) for r in st.rank_eps_pooled(eps)] for key, st in stats.items()}

@@ -284,7 +284,8 @@ RESIDUAL = Record({}, {"centered_erank": Maybe(float), "norm_median": Maybe(floa
                        "massive": ListOf(MASSIVE)})
 LENGTH = Record({"seq_len": Int(1), "rank_eps": PER_HEAD},
                 {"rank_eps_max": PER_HEAD, "lower_bound": bool})
-KV_RANKS = Record({"rank_eps_max": PER_HEAD}, {"rank_eps": PER_HEAD, "erank": PER_HEAD})
+KV_RANKS = Record({"rank_eps_max": PER_HEAD}, {"rank_eps": PER_HEAD, "erank": PER_HEAD,
+                                               "rank_eps_pooled": PER_HEAD})
 KV_HEADS = Record({"n_kv_heads": Int(1), "head_dim": Int(1), "k": KV_RANKS, "v": KV_RANKS},
                   {"rope": bool, "k_pre_rope": KV_RANKS, "v_head_dim": Int(1)})
 LAYER_EXTRAS = {"heads": HEADS, "residual": RESIDUAL, "past_future_lengths": ListOf(LENGTH),

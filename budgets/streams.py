@@ -37,6 +37,17 @@ def _per_sample(s: torch.Tensor, shape: tuple[int, int], eps: float) -> dict[str
             "erank": m["erank"].double().mean(0)}
 
 
+def pooled_rank(A: torch.Tensor, eps: float) -> list[float]:
+    """Per head, rank_eps of A [B, G, T, K] with every sample's tokens stacked, [B*T, K],
+    uncentered: the rank one basis shared by all of the probe's sequences needs (what a
+    cache with a calibrated basis keeps), which the per-sample ranks understate."""
+    a = A.detach().double()
+    gram = torch.einsum("bgtk,bgtl->gkl", a, a)  # [G, K, K]
+    s = torch.linalg.eigvalsh(gram).flip(-1).clamp(min=0.0).sqrt()  # [G, K] descending
+    shape = (A.shape[0] * A.shape[2], A.shape[-1])
+    return [float(x) for x in spectrum_metrics(s, shape, eps)["rank_eps"].cpu()]
+
+
 def residual_figures(h: torch.Tensor, eps: float, ratio: float = MASSIVE_RATIO,
                      centered_values: torch.Tensor | None = None) -> dict:
     """{"centered_erank", "norm_median", "massive_ratio", "n_massive", "massive":
@@ -66,9 +77,10 @@ def residual_figures(h: torch.Tensor, eps: float, ratio: float = MASSIVE_RATIO,
 
 def kv_head_figures(heads: dict[str, torch.Tensor], eps: float) -> dict:
     """{"n_kv_heads": G, "head_dim": K, "v_head_dim": V, "rope": bool, name: {"rank_eps",
-    "rank_eps_max", "erank": [per KV head]}} for each of heads' "k" [B, G, T, K],
-    "v" [B, G, T, V] and, for a RoPE model, "k_pre_rope" [B, G, T, K]; per sample, then
-    the batch mean (and max). Matrices of one shape share one spectrum call."""
+    "rank_eps_max", "erank", "rank_eps_pooled": [per KV head]}} for each of heads' "k"
+    [B, G, T, K], "v" [B, G, T, V] and, for a RoPE model, "k_pre_rope" [B, G, T, K]; per
+    sample, then the batch mean (and max), and of the samples stacked (pooled_rank).
+    Matrices of one shape share one spectrum call."""
     missing = {"k", "v"} - set(heads)
     if missing:
         raise ValueError(f"kv heads need 'k' and 'v', missing {sorted(missing)} "
@@ -84,6 +96,7 @@ def kv_head_figures(heads: dict[str, torch.Tensor], eps: float) -> dict:
         for name, s_one in zip(names, s, strict=True):
             m = _per_sample(s_one, shape[-2:], eps)
             out[name] = {k: [float(x) for x in m[k].cpu()] for k in KV_METRICS}
+            out[name]["rank_eps_pooled"] = pooled_rank(heads[name], eps)
     G, K, V = heads["k"].shape[1], heads["k"].shape[-1], heads["v"].shape[-1]
     rope = "k_pre_rope" in heads
     order = ("k", "v", "k_pre_rope") if rope else ("k", "v")

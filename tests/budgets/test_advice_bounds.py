@@ -256,8 +256,8 @@ def test_kv_bytes_by_hand(probed):
         assert (opt["bytes_per_token"], opt["basis_bytes"]) == (hand["per_token"],
                                                                hand["basis"])
         at_t = hand["per_token"] + hand["basis"] / T  # 25 and 20 B per token at T
-        assert opt["bytes_per_token_at_T"] == pytest.approx(at_t)
-        assert opt["ratio_at_T"] == pytest.approx(full / at_t)  # 2.56x and 3.2x
+        assert opt["cache_bytes_per_token"] == pytest.approx(at_t)
+        assert opt["ratio"] == pytest.approx(full / at_t)  # 2.56x and 3.2x
     assert item["options"]["k"]["per_head_bytes_per_token"] == [(3 + 4) * 2, (2 + 1) * 2]
     text = item["text"]
     assert "keys before RoPE" in text and "keys after RoPE" in text and "3.20x" in text
@@ -265,10 +265,32 @@ def test_kv_bytes_by_hand(probed):
     assert item["conditions"]["max_observed"] == 4.0  # the largest rank bounded
     summary = the(report, "kv_cache_summary")
     assert summary["full_bytes_per_token"] == full and "rankzoo compress" in summary["text"]
-    # the cost model is stated: per-sequence ranks advise a basis paid per sequence
+    # the cost model is stated: a probe without pooled ranks advises a basis per sequence
     for it in (item, summary):
         assert it["cost_model"] == "per_sequence_basis"
         assert "a basis fitted per sequence, paid once per sequence" in it["text"]
+
+
+def test_pooled_ranks_advise_one_shared_basis_counted_as_a_weight(probed):
+    kv = kv_heads(k=(3, 2), v=(4, 1), k_pre_rope=(1, 2), v_head_dim=8)
+    for name, pooled in (("k", (5, 4)), ("v", (6, 2)), ("k_pre_rope", (2, 3))):
+        kv[name]["rank_eps_pooled"] = [float(x) for x in pooled]  # above the per-sample max
+    report = report_of(probed(kv=kv))
+    item = the(report, "kv_cache")
+    full = (8 + 8) * 2 * 2
+    codes = {"k": (5 + 6 + 4 + 2) * 2, "k_pre_rope": (2 + 6 + 3 + 2) * 2}
+    assert item["cost_model"] == "shared_basis" and "once per model" in item["text"]
+    assert item["observed"]["v"] == [6.0, 2.0]  # the pooled figures, not the maxima
+    for key, per_token in codes.items():
+        opt = item["options"][key]
+        assert opt["rank_field"] == "rank_eps_pooled"
+        assert opt["bytes_per_token"] == opt["cache_bytes_per_token"] == per_token
+        assert opt["ratio"] == pytest.approx(full / per_token)  # no bases per token
+        assert opt["basis_bytes"] == 8 * per_token  # K = V = 8 per code: once per model
+    assert the(report, "kv_cache_summary")["cost_model"] == "shared_basis"
+    assert check_advice(report) == []
+    item["options"]["k"]["rank_v"][0] = 5  # below the pooled 6: the check names it
+    assert any("v rank 5 of KV head 0 < 6" in bad for bad in check_advice(report))
 
 
 def test_kv_bytes_follow_the_dtype_and_the_value_width(probed):
@@ -281,8 +303,7 @@ def test_kv_bytes_follow_the_dtype_and_the_value_width(probed):
     annotate(report, VerdictThresholds(cache_dtype="float32"))
     fp32 = the(report, "kv_cache")
     assert fp32["full_bytes_per_token"] == 2 * bf16["full_bytes_per_token"]
-    assert fp32["options"]["k"]["ratio_at_T"] == pytest.approx(bf16["options"]["k"][
-        "ratio_at_T"])
+    assert fp32["options"]["k"]["ratio"] == pytest.approx(bf16["options"]["k"]["ratio"])
 
 
 def test_kv_summary_sums_the_layers_and_low_ratios_are_not_advised(probed):
@@ -382,5 +403,5 @@ def test_a_cache_no_low_rank_form_shrinks_is_a_finding_not_advice(probed):
     report = report_of(full_rank)
     assert not {"kv_cache", "kv_cache_summary"} & set(kinds(report))
     (finding,) = report["findings"]
-    assert finding["topic"] == "no_saving" and finding["options"]["k"]["ratio_at_T"] < 1
+    assert finding["topic"] == "no_saving" and finding["options"]["k"]["ratio"] < 1
     assert f"no low-rank KV saving at T = {T}" in finding["text"]

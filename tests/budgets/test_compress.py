@@ -92,7 +92,7 @@ def test_kv_bytes_by_hand_and_as_the_report_counts_them():
     kv = {"n_kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "k": {"rank_eps_max": [3, 2]},
           "v": {"rank_eps_max": [4, 1]}}
     layer0 = cache_bytes(slots[:2], ranks, 2, 32)
-    assert kv_option(kv, "k", 2, 32)["bytes_per_token_at_T"] == pytest.approx(
+    assert kv_option(kv, "k", 2, 32)["cache_bytes_per_token"] == pytest.approx(
         layer0["bytes_per_token"])
     assert cache_bytes(slots, full_ranks(slots), 2, 32)["ratio"] < 1  # bases cost extra
 
@@ -149,13 +149,15 @@ def test_greedy_fits_the_bytes_and_follows_the_energy():
         greedy_ranks(SLOTS, energies, 0.5, 2, 64)
 
 
-def test_eps_ranks_are_the_reports_rank_eps_max():
+def test_eps_ranks_are_the_reports_pooled_ranks():
     a = planted(5) + 0.05 * torch.randn(B, G, T, K, generator=torch.Generator().manual_seed(3))
     st = stats_of(a)
     for eps in (0.05, 0.1, 0.3):
-        report = kv_head_figures({"k": a, "v": a}, eps)["k"]["rank_eps_max"]
-        assert st.rank_eps_max(eps) == [int(x) for x in report]
-        assert eps_ranks({(0, "k"): st}, eps)[(0, "k")] == [max(int(x) for x in report)] * G
+        report = kv_head_figures({"k": a, "v": a}, eps)["k"]
+        assert st.rank_eps_max(eps) == [int(x) for x in report["rank_eps_max"]]
+        assert st.rank_eps_pooled(eps) == [int(x) for x in report["rank_eps_pooled"]]
+        assert eps_ranks({(0, "k"): st}, eps)[(0, "k")] == [
+            max(1, int(x)) for x in report["rank_eps_pooled"]]
     with pytest.raises(ValueError, match="eps"):
         st.rank_eps_max(1.0)
 

@@ -75,6 +75,17 @@ def test_kv_heads_measure_each_head_per_sample():
         kv_head_figures({"k": k}, 0.1)
 
 
+def test_pooled_rank_is_that_of_every_sample_stacked():
+    g = torch.Generator().manual_seed(1)
+    # each sample of rank 2, in its own 2 directions: per sample 2, pooled 6
+    k = torch.stack([torch.randn(20, 2, generator=g) @ torch.randn(2, 8, generator=g)
+                     for _ in range(3)])[:, None]  # [B, 1, T, K]
+    out = kv_head_figures({"k": k, "v": k}, 0.01)
+    stacked = rank_metrics(k.transpose(0, 1).reshape(1, 60, 8).double(), 0.01)["rank_eps"]
+    assert out["k"]["rank_eps_max"] == [2.0]
+    assert out["k"]["rank_eps_pooled"] == stacked.tolist() == [6.0]
+
+
 class _Layer(nn.Module):
     """norm -> block -> add, as a decoder layer holds its mixer."""
 

@@ -277,15 +277,16 @@ def test_json_table_and_the_reports_predicted_ratio(run, capsys):
     report = load_run(run / "mha")
     summary = next(a for a in [*report["advice"], *report["findings"]]
                    if a["kind"] in ("kv_cache_summary", "finding") and "options" in a)
-    predicted = summary["options"]["k_pre_rope"]["ratio_at_T"]
+    predicted = summary["options"]["k_pre_rope"]["ratio"]
     assert doc["prediction"]["ratio"] == pytest.approx(predicted)
-    assert rows[1]["ratio_per_sequence"] == pytest.approx(predicted)
+    # one cost model: the report advises the shared basis compress measures
+    assert summary["cost_model"] == doc["prediction"]["cost_model"] == "shared_basis"
+    assert rows[1]["ratio"] == pytest.approx(predicted)
     # compress's own cost model: the shared bases are weights, the codes alone per token
     assert doc["cost_model"]["name"] == rows[1]["cost_model"] == "shared_basis"
     codes = sum(r for layer in rows[1]["ranks"].values() for heads in layer for r in heads)
     assert rows[1]["bytes_per_token"] == codes * doc["bytes_per_element"]
     assert rows[1]["ratio"] == pytest.approx(rows[0]["bytes_per_token"] / (codes * 2))
-    assert rows[1]["ratio"] == pytest.approx(doc["prediction"]["ratio_shared"])
     width = rows[0]["ranks"]["k"][0][0]  # K = V here: the full row keeps every width
     assert rows[1]["basis_bytes"] == 2 * sum(  # K x r per head, once per model
         r * width for layer in rows[1]["ranks"].values() for heads in layer for r in heads)
@@ -293,7 +294,7 @@ def test_json_table_and_the_reports_predicted_ratio(run, capsys):
     assert doc["bases"]["used"] == {"k": "output", "v": "output"}
     assert all(r["bases"] == {"k": "output", "v": "output"} for r in rows[1:])
     # advice names the command that checks it; a cache that saves too little is a finding
-    advised = max(o["ratio_at_T"] for o in summary["options"].values()) >= 1.25
+    advised = max(o["ratio"] for o in summary["options"].values()) >= 1.25
     assert ("rankzoo compress RUN_DIR/mha --ratios" in summary["text"]) is advised
     assert (summary["kind"] == "kv_cache_summary") is advised
     v = doc["verdict"]

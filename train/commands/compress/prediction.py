@@ -3,10 +3,11 @@
     prediction = zoo_prediction(vdir, target, nbytes, notes)   # from the run's report
     prediction = hf_prediction(target, cal, eps, nbytes, T, command)   # as `report --hf`
 
-A prediction is {"ranks": {slot key: [r per head]}, "seq_len": T, "advised", "withheld",
-"source"}: the KV advice's rank_eps_max per KV head rounded up (budgets/kv_advice.py
-kv_option); for MLA, linear attention and SSMs, which get no KV advice, the ranks their
-inference row measured.
+A prediction is {"ranks": {slot key: [r per head]}, "seq_len": T, "cost_model",
+"advised", "withheld", "source"}: the KV advice's ranks per KV head (budgets/kv_advice.py
+kv_option: the probe's sequences stacked, for one shared basis, or on an older probe the
+per-sequence maxima); for MLA, linear attention and SSMs, which get no KV advice, the
+ranks their inference row measured.
 """
 
 from __future__ import annotations
@@ -50,19 +51,20 @@ def zoo_prediction(vdir: Path, target: ZooTarget, nbytes: int, notes: list[str])
              else _state_ranks(variant, T, target, notes))
     if found is None:
         return None
-    ranks, advised, source = found
+    ranks, advised, source, model = found
     if set(ranks) != {s.key for s in target.slots}:
         notes.append("the report's layers do not match the model's: no advice to check")
         return None
-    return {"ranks": ranks, "seq_len": T, "advised": advised,
+    return {"ranks": ranks, "seq_len": T, "cost_model": model, "advised": advised,
             "withheld": withheld, "source": source}
 
 
 def _kv_ranks(report: dict, variant: dict, T: int, target: ZooTarget, nbytes: int,
-              notes: list[str]) -> tuple[dict, bool, str] | None:
-    """(ranks, advised, source) of the report's KV advice; None without per-head maxima."""
+              notes: list[str]) -> tuple[dict, bool, str, str] | None:
+    """(ranks, advised, source, cost model) of the report's KV advice; None without
+    per-head ranks."""
     key = "k_pre_rope" if target.keys == "pre-rope" else "k"
-    ranks = {}
+    ranks, models = {}, set()
     for layer in variant["layers"]:
         kv = layer.get("kv_heads")
         opt = kv_option(kv, key, nbytes, T) if kv and key in kv else None
@@ -75,11 +77,14 @@ def _kv_ranks(report: dict, variant: dict, T: int, target: ZooTarget, nbytes: in
             return None
         ranks[(layer["layer"], "k")] = opt["rank_k"]
         ranks[(layer["layer"], "v")] = opt["rank_v"]
+        models.add(opt["cost_model"])
     advised = any(a["kind"] == "kv_cache_summary" for a in report.get("advice", []))
+    model = models.pop() if len(models) == 1 else "per_sequence_basis"
+    how = ("its sequences stacked" if model == "shared_basis" else "max over its sequences")
     source = (f"the report's KV advice ({key_label(target.keys, target.rope)} + values: "
-              f"rank_eps_max per KV head at eps {variant['eps']:g}, "
+              f"rank_eps per KV head at eps {variant['eps']:g}, {how}, "
               f"{variant.get('batch_size') or '?'} probe sequences of T = {T})")
-    return ranks, advised, source
+    return ranks, advised, source, model
 
 
 def _state_ranks(variant: dict, T: int, target: ZooTarget,
@@ -101,23 +106,24 @@ def _state_ranks(variant: dict, T: int, target: ZooTarget,
     source = (f"the report's {quantity} rank (rank_eps max over samples and heads at eps "
               f"{variant['eps']:g}, T = {T}); the report gives no "
               f"low-rank advice for {target.block_kind}: the ranks its figures imply")
-    return ranks, False, source
+    return ranks, False, source, "per_sequence_basis"
 
 
 def hf_prediction(target: HFTarget, cal: Calibration, eps: float, nbytes: int, T: int,
                   command: str) -> dict:
     """The ranks `rankzoo report --hf` advises on the calibration batch (the same figures:
-    rank_eps_max per KV head over its sequences at eps, rounded up, by kv_option)."""
+    rank_eps per KV head of its sequences stacked at eps, rounded up, by kv_option)."""
     key = "k_pre_rope" if target.keys == "pre-rope" else "k"
     ranks = {}
     for i in range(target.g.n_layers):
         kv = {"n_kv_heads": target.g.n_kv_heads, "head_dim": target.g.head_dim,
               "v_head_dim": target.g.head_dim, "rope": target.rope,
-              key: {"rank_eps_max": cal.stats[(i, "k")].rank_eps_max(eps)},
-              "v": {"rank_eps_max": cal.stats[(i, "v")].rank_eps_max(eps)}}
+              key: {"rank_eps_pooled": cal.stats[(i, "k")].rank_eps_pooled(eps)},
+              "v": {"rank_eps_pooled": cal.stats[(i, "v")].rank_eps_pooled(eps)}}
         opt = kv_option(kv, key, nbytes, T)
         ranks[(i, "k")], ranks[(i, "v")] = opt["rank_k"], opt["rank_v"]
-    return {"ranks": ranks, "seq_len": T, "advised": True, "withheld": None,
+    return {"ranks": ranks, "seq_len": T, "cost_model": "shared_basis", "advised": True,
+            "withheld": None,
             "source": f"the KV advice of `{command}` ({key_label(target.keys, target.rope)} "
-                      f"+ values: rank_eps_max per KV head at eps {eps:g} over the "
-                      f"{cal.sequences} calibration sequences)"}
+                      f"+ values: rank_eps per KV head at eps {eps:g} of the "
+                      f"{cal.sequences} calibration sequences stacked)"}

@@ -75,15 +75,15 @@ def document(source: dict, target, cal: Calibration, options: CompressOptions, T
     nbytes = options.nbytes
     pred = None
     if prediction is not None:
-        # the report's cost model (a basis per sequence, at its T), and the same ranks with
-        # the shared basis compress fits (a weight)
-        size = cache_bytes(target.slots, prediction["ranks"], nbytes, prediction["seq_len"])
-        shared = cache_bytes(target.slots, prediction["ranks"], nbytes,
-                             prediction["seq_len"], shared=True)
+        # the report's cost model: a shared basis (a weight), or on an older probe a
+        # basis per sequence at its T
+        model = prediction.get("cost_model", "per_sequence_basis")
+        size = cache_bytes(target.slots, prediction["ranks"], nbytes, prediction["seq_len"],
+                           shared=model == "shared_basis")
         pred = {"ratio": size["ratio"], "bytes_per_token": size["bytes_per_token"],
-                "cost_model": "per_sequence_basis", "ratio_shared": shared["ratio"],
-                "seq_len": prediction["seq_len"], "advised": prediction["advised"],
-                "withheld": prediction["withheld"], "source": prediction["source"]}
+                "cost_model": model, "seq_len": prediction["seq_len"],
+                "advised": prediction["advised"], "withheld": prediction["withheld"],
+                "source": prediction["source"]}
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "source": source,
         "model": target.describe(), "family": target.family,
