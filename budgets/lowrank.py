@@ -25,12 +25,13 @@ projection acts on the keys before the rotation, which the model then applies to
 rebuilt keys.
 
 Output-aware bases (the default of `rankzoo compress`) weigh the error as its reader sees
-it: a slot with a weight W [G, K, K] (keys: the query second moment, pair-averaged over
-the rotation with RoPE, pair_weight; values: W_O^T W_O of the heads reading them,
-value_weight) keeps the rank-r projector minimizing the weighted error tr(W (I - P) C
-(I - P)^T), C the Gram matrix: with S = W^(1/2), the top eigenvectors Q of S C S give
-U = S^-1 Q (rebuilt directions) and E = Q^T S (encoder rows), P = U_r E_r, and the
-eigenvalues (gain) are the weighted error each direction removes (docs/METRICS.md).
+it: a slot with a weight W [G, K, K] (budgets/readout.py: keys by the queries that read
+them, values by W_O and the attention, each scaled to the squared error it adds to the
+layer's output per token) keeps the rank-r projector minimizing the weighted error
+tr(W (I - P) C (I - P)^T), C the activations' second moment per token: with S = W^(1/2),
+the top eigenvectors Q of S C S give U = S^-1 Q (rebuilt directions) and E = Q^T S
+(encoder rows), P = U_r E_r, and the eigenvalues (gain) are the output error each
+direction removes (docs/METRICS.md).
 
 Bytes follow the KV advice (budgets/kv_advice.py lowrank_cache_bytes, one formula): per
 token, the r codes of every head of every slot at the cache dtype, plus each basis
@@ -47,12 +48,12 @@ per model, beside the cache, and the cache per token holds the codes alone.
 Allocations (each returns {slot key: [r per head]}):
   uniform_ranks(slots, target)   the largest one r for every head and slot (capped at
                                  each width) whose ratio reaches the target
-  greedy_ranks(slots, energies, target)
+  greedy_ranks(slots, gains, target, shares)
                                  every head from r = 1 up, one direction at a time, the
-                                 one that adds the most relative gain (its eigenvalue over
-                                 its head's total: energy, or the output-aware weighted
-                                 error it removes) per byte, while the bytes fit
-                                 full / target
+                                 one that adds the most gain per byte while the bytes fit
+                                 full / target: output-aware gains as they are (one scale
+                                 over slots and layers), energies as shares of their
+                                 head's total (shares=True: energy has no common scale)
   eps_ranks(stats, eps)          per slot and head, rank_eps_pooled at eps (the report's
                                  advised figure: every calibration sequence stacked)
 """
@@ -66,6 +67,7 @@ import torch
 
 from .kv_advice import lowrank_cache_bytes
 from .metrics import check_eps, singular_values, spectrum_metrics
+from .readout import weighted_basis
 from .verdicts import DTYPE_BYTES
 
 
@@ -113,22 +115,46 @@ class SlotStats:
         self.shapes: list[tuple[int, int]] = []
         self.tokens = 0
         self.weight: torch.Tensor | None = None  # [G, K, K] how the reader weighs errors
+        self.weight_tokens = 0
+        self.total = torch.zeros(slot.heads, slot.width, dtype=torch.float64)  # sum of a
+        self.spread = torch.zeros(slot.heads, dtype=torch.float64)
+        self.spread_tokens = 0
 
-    def add_weight(self, w: torch.Tensor) -> None:
-        """A reader's weight on this slot's errors [G, K, K] (symmetric PSD), summed."""
+    def add_weight(self, w: torch.Tensor, tokens: int = 1,
+                   spread: torch.Tensor | None = None) -> None:
+        """A reader's weight on this slot's errors [G, K, K] (symmetric PSD, budgets/
+        readout.py), measured over `tokens` positions: the weights of every batch are
+        averaged, each counted by its positions. spread [G]: the reader sees the
+        activations' fluctuation around their mean scaled by it (values: value_spread)."""
         s = self.slot
         if tuple(w.shape) != (s.heads, s.width, s.width):
             raise ValueError(f"slot {s.kind} of layer {s.layer}: expected a weight "
                              f"[{s.heads}, {s.width}, {s.width}], got {tuple(w.shape)}")
-        w64 = w.detach().cpu().double()
+        w64 = w.detach().cpu().double() * tokens
         self.weight = w64 if self.weight is None else self.weight + w64
+        self.weight_tokens += tokens
+        if spread is not None:
+            self.spread = self.spread + spread.detach().cpu().double() * tokens
+            self.spread_tokens += tokens
+
+    def moment(self) -> torch.Tensor:
+        """The second moment per token [G, K, K] the reader sees: E[a a^T], or with a
+        spread m m^T + spread (E[a a^T] - m m^T), m the mean."""
+        C = self.gram / self.tokens
+        if not self.spread_tokens:
+            return C
+        m = self.total / self.tokens  # [G, K]
+        mm = m[:, :, None] * m[:, None, :]
+        s = (self.spread / self.spread_tokens)[:, None, None]
+        return mm + s * (C - mm)
 
     def output_basis(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(U [G, K, K], E [G, K, K], gain [G, K]) of weighted_basis(gram, weight)."""
+        """(U [G, K, K], E [G, K, K], gain [G, K]) of weighted_basis(moment, mean weight):
+        the gains are the squared output error per token each direction removes."""
         if self.weight is None or not self.tokens:
             raise ValueError(f"slot {self.slot.kind} of layer {self.slot.layer}: no weight or "
                              f"no activations for an output-aware basis")
-        return weighted_basis(self.gram, self.weight)
+        return weighted_basis(self.moment(), self.weight / self.weight_tokens)
 
     def add(self, a: torch.Tensor) -> None:
         """Activations a [B, G, T, K] of one calibration batch."""
@@ -139,6 +165,7 @@ class SlotStats:
         a = a.detach().cpu()
         a64 = a.double()
         self.gram += torch.einsum("bgtk,bgtl->gkl", a64, a64)
+        self.total += a64.sum((0, 2))
         self.spectra.append(singular_values(a.float()))  # [B, G, k]
         self.shapes.append((a.shape[2], a.shape[3]))
         self.tokens += a.shape[0] * a.shape[2]
@@ -174,60 +201,6 @@ class SlotStats:
             ranks = spectrum_metrics(s, shape, eps)["rank_eps"].double()  # [B, G]
             maxima = torch.maximum(maxima, ranks.amax(0))
         return [int(r) for r in maxima.tolist()]
-
-
-# ---------------------------------------------------------------- output-aware weights
-
-RIDGE = 1e-9  # relative to the weight's mean eigenvalue: directions no reader sees stay finite
-
-
-def weighted_basis(gram: torch.Tensor, weight: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(U, E, gain) per head, fp64: gram C and weight W [G, K, K]. With S = W^(1/2), the
-    eigenvectors Q of S C S by descending eigenvalue give U = S^-1 Q and E = Q^T S, so
-    E U = I and P_r = U_r E_r minimizes tr(W (I - P) C (I - P)^T) over rank-r P (the
-    generalized eigenproblem C W u = lambda u); gain: the eigenvalues, the weighted error
-    each direction removes. r = K: P = I."""
-    C, W = gram.double(), weight.double()
-    K = W.shape[-1]
-    W = (W + W.transpose(-1, -2)) / 2
-    ridge = RIDGE * W.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)  # [G]
-    w, V = torch.linalg.eigh(W + ridge[:, None, None] * torch.eye(K, dtype=W.dtype))
-    w = w.clamp(min=float(ridge.min()))
-    S = V @ torch.diag_embed(w.sqrt()) @ V.transpose(-1, -2)  # [G, K, K]
-    S_inv = V @ torch.diag_embed(w.rsqrt()) @ V.transpose(-1, -2)
-    gain, Q = torch.linalg.eigh(S @ C @ S)  # ascending
-    gain, Q = gain.flip(-1).clamp(min=0.0), Q.flip(-1)
-    return S_inv @ Q, Q.transpose(-1, -2) @ S, gain
-
-
-def pair_weight(q_gram: torch.Tensor) -> torch.Tensor:
-    """A query second moment [G, K, K] averaged over RoPE's rotation (rotate-half pairs
-    (j, j + K/2)): each pair's diagonal block becomes its mean energy times I_2 and the
-    blocks between pairs of different frequencies vanish, a diagonal [G, K, K] that
-    commutes with every rotation."""
-    K = q_gram.shape[-1]
-    d = q_gram.diagonal(dim1=-2, dim2=-1)  # [G, K]
-    pair = (d[..., :K // 2] + d[..., K // 2:]) / 2  # [G, K/2]
-    return torch.diag_embed(torch.cat((pair, pair), dim=-1))
-
-
-def query_weight(q: torch.Tensor, kv_heads: int, rope: bool) -> torch.Tensor:
-    """Queries q [B, H, T, K] -> per KV head the summed second moment of the query heads
-    reading it [G, K, K] (head h reads KV head h // (H / G)), pair-averaged with RoPE."""
-    B, H, T, K = q.shape
-    q64 = q.detach().cpu().double().reshape(B, kv_heads, H // kv_heads, T, K)
-    m = torch.einsum("bgntk,bgntl->gkl", q64, q64)  # [G, K, K]
-    return pair_weight(m) if rope else m
-
-
-def value_weight(w_o: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
-    """W_O [D, H*V] (nn.Linear's [out, in]) -> per KV head the sum of W_O,h^T W_O,h over
-    the query heads h reading it [G, V, V]."""
-    D, HV = w_o.shape
-    V = HV // heads
-    w = w_o.detach().cpu().double().reshape(D, kv_heads, heads // kv_heads, V)
-    return torch.einsum("dgnv,dgnu->gvu", w, w)
 
 
 # ---------------------------------------------------------------- projections
@@ -346,12 +319,13 @@ def uniform_ranks(slots: list[Slot], target: float, nbytes: int, T: int,
     return None
 
 
-def greedy_ranks(slots: list[Slot], energies: dict, target: float, nbytes: int,
-                 T: int, shared: bool = False) -> dict | None:
+def greedy_ranks(slots: list[Slot], gains: dict, target: float, nbytes: int, T: int,
+                 shared: bool = False, shares: bool = True) -> dict | None:
     """Ranks within the bytes full / target: every head starts at r = 1, then the
-    direction with the largest relative energy (eigenvalue / its head's total) per byte
-    it costs is added, one at a time, while the bytes fit. None when r = 1 everywhere
-    already exceeds them. `energies`: {slot key: [G, K] eigenvalues, descending}."""
+    direction with the largest gain per byte it costs is added, one at a time, while the
+    bytes fit. None when r = 1 everywhere already exceeds them. `gains`: {slot key:
+    [G, K] descending}; shares: each gain divided by its head's total (energies), else
+    compared as they are (output-aware gains, on one scale)."""
     check_ratio(target)
     ranks = {s.key: [1] * s.heads for s in slots}
     now = cache_bytes(slots, ranks, nbytes, T, shared)
@@ -359,17 +333,11 @@ def greedy_ranks(slots: list[Slot], energies: dict, target: float, nbytes: int,
     spent = now["bytes_per_token"]
     if spent > budget * (1 + 1e-12):
         return None
-    heap = []
-    cost = {}
-    for s in slots:
-        one = slot_bytes(s, [1] + [0] * (s.heads - 1), nbytes, T, shared)["low"]
-        cost[s.key] = one - slot_bytes(s, [0] * s.heads, nbytes, T, shared)["low"]
-        e = energies[s.key].double()
-        for g in range(s.heads):
-            total = float(e[g].sum())
-            if s.width > 1:
-                gain = float(e[g, 1]) / total if total > 0 else 0.0
-                heapq.heappush(heap, (-gain / cost[s.key], s.key, g))
+    cost = {s.key: _direction_bytes(s, nbytes, T, shared) for s in slots}
+    value = {s.key: _scores(gains[s.key], shares) for s in slots}
+    heap = [(-value[s.key][g][1] / cost[s.key], s.key, g)
+            for s in slots if s.width > 1 for g in range(s.heads)]
+    heapq.heapify(heap)
     by_key = {s.key: s for s in slots}
     while heap:
         _, key, g = heapq.heappop(heap)
@@ -378,13 +346,25 @@ def greedy_ranks(slots: list[Slot], energies: dict, target: float, nbytes: int,
             continue  # this slot's directions no longer fit; cheaper ones still may
         ranks[key][g] += 1
         spent += c
-        r, s = ranks[key][g], by_key[key]
-        if r < s.width:
-            e = energies[key].double()[g]
-            total = float(e.sum())
-            gain = float(e[r]) / total if total > 0 else 0.0
-            heapq.heappush(heap, (-gain / c, key, g))
+        r = ranks[key][g]
+        if r < by_key[key].width:
+            heapq.heappush(heap, (-value[key][g][r] / c, key, g))
     return ranks
+
+
+def _direction_bytes(s: Slot, nbytes: int, T: int, shared: bool) -> float:
+    """Bytes per token one more kept direction of one head of slot s costs."""
+    one = slot_bytes(s, [1] + [0] * (s.heads - 1), nbytes, T, shared)["low"]
+    return one - slot_bytes(s, [0] * s.heads, nbytes, T, shared)["low"]
+
+
+def _scores(gain: torch.Tensor, shares: bool) -> list[list[float]]:
+    """Per head and direction [G][K]: the gains, or each over its head's total."""
+    g = gain.double().clamp(min=0.0)
+    if shares:
+        total = g.sum(-1, keepdim=True)
+        g = torch.where(total > 0, g / total.clamp(min=1e-300), torch.zeros_like(g))
+    return g.tolist()
 
 
 def eps_ranks(stats: dict, eps: float) -> dict:

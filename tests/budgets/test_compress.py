@@ -11,15 +11,11 @@ from budgets.lowrank import (
     eps_ranks,
     full_ranks,
     greedy_ranks,
-    pair_weight,
     project_heads,
     project_rows,
     projectors,
-    query_weight,
     retained_energy,
     uniform_ranks,
-    value_weight,
-    weighted_basis,
 )
 from budgets.streams import kv_head_figures
 
@@ -149,6 +145,24 @@ def test_greedy_fits_the_bytes_and_follows_the_energy():
         greedy_ranks(SLOTS, energies, 0.5, 2, 64)
 
 
+def test_greedy_on_one_scale_spends_where_the_gains_are_largest():
+    # keys' gains a hundredth of the values': by shares each slot looks alike and gets
+    # the same ranks; on one scale (output-aware gains) the values take the bytes
+    slots = [Slot(0, "k", 1, 8), Slot(0, "v", 1, 8)]
+    decay = torch.tensor([[2.0 ** -j for j in range(8)]])
+    gains = {(0, "k"): 0.01 * decay, (0, "v"): decay}
+    by_shares = greedy_ranks(slots, gains, 2.0, 2, 64, shared=True)
+    one_scale = greedy_ranks(slots, gains, 2.0, 2, 64, shared=True, shares=False)
+    assert by_shares[(0, "k")] == by_shares[(0, "v")]
+    assert one_scale[(0, "v")][0] > one_scale[(0, "k")][0]
+    for ranks in (by_shares, one_scale):  # both spend the same bytes: 8 of 16 codes
+        assert ranks[(0, "k")][0] + ranks[(0, "v")][0] == 8
+    # what each keeps of the gains, summed over both slots: one scale keeps more
+    kept = {name: sum(float(gains[k][0, :r[k][0]].sum()) for k in gains)
+            for name, r in (("shares", by_shares), ("one", one_scale))}
+    assert kept["one"] > kept["shares"]
+
+
 def test_eps_ranks_are_the_reports_pooled_ranks():
     a = planted(5) + 0.05 * torch.randn(B, G, T, K, generator=torch.Generator().manual_seed(3))
     st = stats_of(a)
@@ -170,96 +184,3 @@ def test_bad_shapes_are_named():
         st.basis()
     with pytest.raises(ValueError, match="rank 9 of head 0 outside"):
         projectors(torch.eye(8).expand(2, 8, 8).double(), [9, 1])
-
-
-# ---------------------------------------------------------------- output-aware bases
-
-def weighted_error(P: torch.Tensor, C: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """tr(W (I - P) C (I - P)^T): the error of a -> P a as a reader weighing by W sees it."""
-    R = torch.eye(P.shape[-1], dtype=P.dtype) - P
-    return torch.einsum("ij,jk,kl,il->", W, R, C, R)
-
-
-def random_psd(K: int, g: torch.Generator, spread: float) -> torch.Tensor:
-    A = torch.randn(K, K, generator=g, dtype=torch.float64)
-    Q, _ = torch.linalg.qr(A)
-    return Q @ torch.diag(torch.logspace(0, -spread, K, dtype=torch.float64)) @ Q.T
-
-
-@pytest.mark.parametrize("r", [1, 2, 4])
-def test_weighted_basis_is_the_brute_force_optimum(r):
-    g = torch.Generator().manual_seed(r)
-    K = 6
-    C, W = random_psd(K, g, 2.0), random_psd(K, g, 1.5)
-    U, E, gain = weighted_basis(C[None], W[None])
-    assert torch.allclose(E[0] @ U[0], torch.eye(K, dtype=torch.float64), atol=1e-9)
-    P = projectors(U, [r], E)[0]
-    closed = weighted_error(P, C, W)
-    assert float(closed) == pytest.approx(float(gain[0, r:].sum()), rel=1e-7)  # the ridge
-    best = float("inf")  # brute force: every rank-r map A B, by L-BFGS from several starts
-    for start in range(3):
-        gs = torch.Generator().manual_seed(100 + start)
-        A = torch.randn(K, r, generator=gs, dtype=torch.float64).requires_grad_()
-        B = torch.randn(r, K, generator=gs, dtype=torch.float64).requires_grad_()
-        opt = torch.optim.LBFGS([A, B], max_iter=200, tolerance_grad=1e-14,
-                                tolerance_change=1e-16, line_search_fn="strong_wolfe")
-
-        def closure(A=A, B=B, opt=opt):
-            opt.zero_grad()
-            f = weighted_error(A @ B, C, W)
-            f.backward()
-            return f
-        opt.step(closure)
-        best = min(best, float(weighted_error(A.detach() @ B.detach(), C, W)))
-    assert float(closed) <= best + 1e-9  # nothing the search found beats it
-    assert best == pytest.approx(float(closed), rel=1e-5)  # and the search reaches it
-    energy_U = torch.linalg.eigh(C).eigenvectors.flip(-1)[None]
-    assert float(closed) <= float(weighted_error(projectors(energy_U, [r])[0], C, W)) + 1e-12
-
-
-def rotate_half(angles: torch.Tensor) -> torch.Tensor:
-    """RoPE's rotation [K, K] (rotate-half pairs (j, j + K/2)) at one angle per pair."""
-    h = len(angles)
-    R = torch.zeros(2 * h, 2 * h, dtype=torch.float64)
-    c, s = angles.cos().double(), angles.sin().double()
-    idx = torch.arange(h)
-    R[idx, idx], R[idx + h, idx + h] = c, c
-    R[idx, idx + h], R[idx + h, idx] = -s, s
-    return R
-
-
-def test_pair_weight_is_the_rotation_average_and_commutes_with_rope():
-    g = torch.Generator().manual_seed(0)
-    K, N = 4, 8
-    Q = random_psd(K, g, 1.0)
-    # each pair's angle uniform and independent of the other's
-    grid = 2 * torch.pi * torch.arange(N, dtype=torch.float64) / N
-    avg = sum(rotate_half(torch.stack((a, b))).T @ Q @ rotate_half(torch.stack((a, b)))
-              for a in grid for b in grid) / N ** 2
-    W = pair_weight(Q[None])[0]
-    assert torch.allclose(avg, W, atol=1e-12)
-    R = rotate_half(torch.tensor([0.3, 1.7], dtype=torch.float64))
-    assert torch.allclose(R.T @ W @ R, W, atol=1e-12)
-    # so the weighted error of a projection fitted before RoPE is the same after it
-    C = random_psd(K, g, 1.0)
-    U, E, _ = weighted_basis(C[None], W[None])
-    P = projectors(U, [2], E)[0]
-    after = weighted_error(R @ P @ R.T, R @ C @ R.T, W)
-    assert float(after) == pytest.approx(float(weighted_error(P, C, W)), rel=1e-10)
-
-
-def test_query_and_value_weights_sum_the_heads_that_read_a_kv_head():
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 5, 6, generator=g)  # [B, H, T, K], H = 4 reading G = 2
-    w = query_weight(q, 2, rope=False)
-    q64 = q.double()
-    for kv in range(2):
-        heads = q64[:, 2 * kv:2 * kv + 2].reshape(-1, 6)
-        assert torch.allclose(w[kv], heads.T @ heads)
-    assert torch.allclose(query_weight(q, 2, rope=True), pair_weight(w))
-    w_o = torch.randn(7, 4 * 3, generator=g)  # [D, H*V]
-    v = value_weight(w_o, 4, 2)
-    for kv in range(2):
-        want = sum(w_o[:, h * 3:(h + 1) * 3].double().T @ w_o[:, h * 3:(h + 1) * 3].double()
-                   for h in (2 * kv, 2 * kv + 1))
-        assert torch.allclose(v[kv], want)

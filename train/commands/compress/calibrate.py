@@ -12,9 +12,12 @@ Evaluation sequences equal to a calibration sequence are left out unless overlap
 
 Bases: "energy" keeps each slot's top directions by energy; "output" (the default) weighs
 each slot's error as its reader sees it where the target supplies a weight (keys: the
-queries, values: W_O, a state's rows: what reads them; budgets/lowrank.py
-weighted_basis), and keeps energy bases for the slots it supplies none for (cal.used
-says which).
+queries and the attention, values: W_O and the attention, a state's rows: what reads
+them; budgets/readout.py), and keeps energy bases for the slots it supplies none for
+(cal.used says which). Output-aware gains are squared output errors per token, divided by
+the mean squared norm of the residual stream entering the layer (what the next norm
+divides by): one scale over slots and layers, which the greedy allocation compares as
+they are (cal.shares False); energy gains only as shares of their head's total.
 """
 
 from __future__ import annotations
@@ -119,13 +122,15 @@ def hf_data(calib_data: bytes, eval_data: bytes, tokenizer, vocab: int, seq_len:
 
 @dataclass
 class Calibration:
-    """Per slot its statistics, bases and energies; the calibration's size and time."""
+    """Per slot its statistics, bases and gains; the calibration's size and time."""
 
     stats: dict
     bases: dict = field(default_factory=dict)
     energy: dict = field(default_factory=dict)  # the gain per direction the greedy weighs
     encoders: dict = field(default_factory=dict)  # output bases: E [G, K, K]; energy: None
     used: dict = field(default_factory=dict)  # slot key -> "output" | "energy"
+    residual: dict = field(default_factory=dict)  # layer -> mean ||h||^2 entering it
+    shares: bool = True  # greedy by each head's shares (energy) or by the gains themselves
     sequences: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -139,22 +144,36 @@ def calibrate(target, tokens: torch.Tensor, batch_size: int,
     stats = {s.key: SlotStats(s) for s in target.slots}
     where = next(target.model.parameters()).device
     output = bases == "output"
+    residual: dict[int, list[float]] = {}
     for i in range(0, len(tokens), batch_size):
+        batch = tokens[i:i + batch_size]
         weights: dict | None = {} if output else None
-        for key, a in target.activations(tokens[i:i + batch_size].to(where), weights).items():
+        energies: dict[int, float] = {}
+        for key, a in target.activations(batch.to(where), weights, energies).items():
             stats[key].add(a)
-        for key, w in (weights or {}).items():
-            stats[key].add_weight(w)
-    if output:
-        for key, w in target.static_weights().items():
-            stats[key].add_weight(w)
-    cal = Calibration(stats, sequences=len(tokens), tokens=tokens.numel())
+        for key, w in (weights or {}).items():  # budgets/readout.py Weight
+            stats[key].add_weight(w.matrix, batch.numel(), w.spread)
+        for layer, e in energies.items():
+            acc = residual.setdefault(layer, [0.0, 0])
+            acc[0], acc[1] = acc[0] + e * batch.numel(), acc[1] + batch.numel()
+    cal = Calibration(stats, sequences=len(tokens), tokens=tokens.numel(),
+                      residual={layer: total / n for layer, (total, n) in residual.items()})
     for key, st in stats.items():
-        if st.weight is not None:
-            cal.bases[key], cal.encoders[key], cal.energy[key] = st.output_basis()
-            cal.used[key] = "output"
-        else:
-            (cal.bases[key], cal.energy[key]), cal.encoders[key] = st.basis(), None
-            cal.used[key] = "energy"
+        fit_basis(cal, key, st)
+    cal.shares = not getattr(target, "one_scale", False) or any(
+        used == "energy" for used in cal.used.values())
     cal.seconds = time.perf_counter() - start
     return cal
+
+
+def fit_basis(cal: Calibration, key: tuple[int, str], st: SlotStats) -> None:
+    """The slot's basis, encoders and gains into cal: output-aware where it has a weight
+    (gains over the residual stream's mean squared norm at its layer), else by energy."""
+    if st.weight is None:
+        (cal.bases[key], cal.energy[key]), cal.encoders[key] = st.basis(), None
+        cal.used[key] = "energy"
+        return
+    cal.bases[key], cal.encoders[key], gain = st.output_basis()
+    stream = cal.residual.get(key[0])
+    cal.energy[key] = gain / stream if stream else gain
+    cal.used[key] = "output"

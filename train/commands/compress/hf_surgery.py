@@ -18,10 +18,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.hf_capture import capture, projection_weight
+from budgets.hf_capture import (
+    AttentionCall,
+    capture,
+    probabilities,
+    projection_weight,
+    row_blocks,
+)
 from budgets.hf_layouts import Geometry
 from budgets.hf_weights import Rows, discover
-from budgets.lowrank import Slot, project_heads, project_rows, query_weight, value_weight
+from budgets.lowrank import Slot, project_heads, project_rows
+from budgets.readout import (
+    Weight,
+    head_gram,
+    query_weight,
+    readout_sensitivity,
+    value_spread,
+    value_weight,
+)
 
 from .options import key_label, resolve_keys
 from .surgery import Surgery, projected
@@ -94,36 +108,51 @@ class HFTarget:
         return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
                 f"V {V}); {key_label(self.keys, self.rope)}")
 
+    one_scale = True  # weights in squared output error per token (budgets/readout.py)
+
     @torch.no_grad()
-    def activations(self, ids: torch.Tensor, weights: dict | None = None
-                    ) -> dict[tuple[int, str], torch.Tensor]:
-        """Keys (before RoPE, else as cached) and values as the cache holds them, per layer
-        [B, G, T, K], read from each layer's attention call; the keys' weights (the
-        queries' second moment per KV head) into `weights` when it is a dict."""
+    def activations(self, ids: torch.Tensor, weights: dict | None = None,
+                    residual: dict | None = None) -> dict[tuple[int, str], torch.Tensor]:
+        """Keys (before RoPE, else as cached) and values of every token, per layer
+        [B, G, T, K], read from each layer's attention call; the keys' and values' weights
+        into `weights` when it is a dict (none for a layer whose W_O was not found); per
+        layer the mean squared norm of the residual stream entering it, into `residual`."""
         acts = {}
 
         def on_call(call):
             i = self.index[call.module]
-            k, v = _as_cached(call.key, call.value, call.window)
-            acts[(i, "k")] = call.key_pre if self.keys == "pre-rope" else k
-            acts[(i, "v")] = v
+            # every token's keys and values, a window layer's too: the projection acts on
+            # all of them in the prefill, not only on the W - 1 its cache keeps after it
+            acts[(i, "k")] = call.key_pre if self.keys == "pre-rope" else call.key
+            acts[(i, "v")] = call.value
             if weights is not None:
-                weights[(i, "k")] = query_weight(call.query, k.shape[1], self.rope)
+                weights.update(self.weights(i, call))
 
         with capture(self.model, on_call):
-            self.model(input_ids=ids, use_cache=False)
+            out = self.model(input_ids=ids, use_cache=False,
+                             output_hidden_states=residual is not None)
+        if residual is not None:
+            residual.update({i: float(h.double().square().sum(-1).mean())
+                             for i, h in enumerate(out.hidden_states[:len(self.layers)])})
         return acts
 
-    def static_weights(self) -> dict[tuple[int, str], torch.Tensor]:
-        """The values' weights: W_O^T W_O of the query heads reading each KV head (none
-        for a layer whose W_O was not found)."""
-        out = {}
-        for i, layer in enumerate(self.layers):
-            w = None if layer.out is None else projection_weight(layer.out)
-            H, G, _, V = layer.shape
-            if w is not None and w.shape[1] == H * V:
-                out[(i, "v")] = value_weight(w, H, G)
-        return out
+    def weights(self, i: int, call: AttentionCall) -> dict[tuple[int, str], Weight]:
+        """Layer i's keys' and values' weights on one scale (budgets/readout.py), from its
+        attention, a block of query rows at a time; none without its W_O."""
+        layer = self.layers[i]
+        w_o = None if layer.out is None else projection_weight(layer.out)
+        H, G, _, V = layer.shape
+        if w_o is None or w_o.shape[1] != H * V:
+            return {}
+        M = head_gram(w_o, H)  # [H, V, V]
+        v = call.value.repeat_interleave(H // G, dim=1)  # [B, H, T, V]
+        parts = [readout_sensitivity(probabilities(call, rows), v, M)
+                 for rows in row_blocks(call)]
+        rho = torch.cat([p[0] for p in parts], dim=-1)  # [B, H, T]
+        kappa = torch.cat([p[1] for p in parts], dim=-1)
+        return {(i, "k"): Weight(query_weight(call.query, G, self.rope,
+                                              rho * call.scaling ** 2)),
+                (i, "v"): Weight(value_weight(w_o, H, G), value_spread(kappa, M, G))}
 
     def apply(self, surgery: Surgery, P: dict) -> None:
         """The projections, applied to the model through `surgery`."""
@@ -154,14 +183,6 @@ class HFTarget:
                                           reduction="sum"))
             count += chunk[:, 1:].numel()
         return {"loss": loss / count, "perplexity": math.exp(loss / count), "tokens": count}
-
-
-def _as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
-    """[B, G, T, K] as the cache keeps them after the prefill (a window's last W - 1)."""
-    if window is None:
-        return key, value
-    start = max(key.shape[-2] - max(window - 1, 1), 0)
-    return key[..., start:, :], value[..., start:, :]
 
 
 def project_rows_at(surgery: Surgery, rows: Rows, P: torch.Tensor) -> None:

@@ -51,7 +51,7 @@ def settings(target, cal: Calibration, options: CompressOptions, T: int,
     for ratio in options.ratios:
         for alloc in options.allocations:
             ranks = (uniform_ranks(slots, ratio, nbytes, T, SHARED) if alloc == "uniform"
-                     else greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED))
+                     else greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, cal.shares))
             if ranks is None:
                 floor = cache_bytes(slots, {s.key: [1] * s.heads for s in slots}, nbytes, T,
                                     SHARED)

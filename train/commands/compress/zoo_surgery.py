@@ -21,7 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.lowrank import Slot, project_heads, query_weight, value_weight
+from budgets.lowrank import Slot, project_heads
+from budgets.readout import (
+    Weight,
+    head_gram,
+    query_weight,
+    readout_sensitivity,
+    value_spread,
+    value_weight,
+)
 from zoo.block import split_heads
 
 from ...sizing.families import CACHE_KINDS
@@ -32,6 +40,7 @@ from .surgery import Surgery, project_linear, projected
 class KVCache:
     """softmax and sliding_window: keys and values per KV head [B, G, T, K]."""
 
+    one_scale = True  # weights in squared output error per token (budgets/readout.py)
 
     def heads(self, c) -> int:
         return c.kv_heads
@@ -54,14 +63,18 @@ class KVCache:
         return {(i, "k"): k_pre if target.keys == "pre-rope" else k_post, (i, "v"): v}
 
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        """The keys' weight: the second moment of the queries reading each KV head."""
-        q = block.project(x)[0]  # [B, H, T, K]; pair energies do not see the rotation
-        return {(i, "k"): query_weight(q, self.heads(block.config), target.rope)}
-
-    def static_weights(self, i: int, block) -> dict:
-        """The values' weight: W_O^T W_O of the query heads reading each KV head."""
+        """The keys' and values' weights on one scale (budgets/readout.py): the queries
+        and the attention reading each KV head, and W_O."""
         c = block.config
-        return {(i, "v"): value_weight(block.o_proj.weight, c.n_heads, self.heads(c))}
+        q, _, v = block.project(x)  # [B, H, T, K], [B, G, T, K]; pair energies ignore RoPE
+        P = block.mixing_matrices(x)  # [B, H, T, T]
+        v_h = v.repeat_interleave(c.n_heads // self.heads(c), dim=1)  # [B, H, T, K]
+        M = head_gram(block.o_proj.weight, c.n_heads)  # [H, K, K]
+        rho, kappa = readout_sensitivity(P, v_h, M)
+        G, scale = self.heads(c), 1 / c.k_dim  # the logits' 1/sqrt(K), squared
+        return {(i, "k"): Weight(query_weight(q, G, target.rope, rho * scale)),
+                (i, "v"): Weight(value_weight(block.o_proj.weight, c.n_heads, G),
+                                 value_spread(kappa, M, G))}
 
     def project_rotated(self, surgery: Surgery, block, Pk: torch.Tensor) -> None:
         project = block.project
@@ -91,11 +104,10 @@ class SharedKVCache(KVCache):
     def rotated(self, block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return block.shared_kv(x)  # [B, 1, T, K]
 
+    one_scale = False
+
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
         return {}  # queries and outputs go through the routed experts: energy bases
-
-    def static_weights(self, i: int, block) -> dict:
-        return {}
 
     def project_rotated(self, surgery: Surgery, block, Pk: torch.Tensor) -> None:
         shared = block.shared_kv
@@ -107,6 +119,7 @@ class LatentCache:
     """mla: the latent c [B, 1, T, R]; its RoPE key is cached in full."""
 
     holds = "latent"
+    one_scale = True
 
     def slots(self, i: int, c) -> list[Slot]:
         return [Slot(i, "latent", 1, c.latent, fixed_per_token=c.rope_dim)]
@@ -125,22 +138,27 @@ class LatentCache:
         return None
 
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        return {}  # no output-aware weight for a latent yet: energy bases
-
-    def static_weights(self, i: int, block) -> dict:
-        return {}
-
+        """The latent's weight [1, R, R] on the keys' and values' scale: what its nope
+        keys cost through the queries (k_h = W_UK,h c) plus what its values cost through
+        W_O (v_h = W_UV,h c), summed over heads."""
+        c = block.config
+        q, _, v = block.project(x)  # [B, H, T, dn + dr], [B, H, T, dv]
+        P = block.mixing_matrices(x)  # [B, H, T, T]
+        rho, kappa = readout_sensitivity(P, v, head_gram(block.o_proj.weight, c.n_heads))
+        q_nope = q[..., :c.nope_dim]  # the rope part reads the RoPE key, kept in full
+        W_q = query_weight(q_nope, c.n_heads, False, rho * block.scale ** 2)  # [H, dn, dn]
+        M = head_gram(block.o_proj.weight, c.n_heads) * kappa.mean((0, 2))[:, None, None]
+        w_uk, w_uv = block.absorbed_weights(torch.float64)  # [H, dn, R], [H, dv, R]
+        w_uk, w_uv = w_uk.cpu(), w_uv.cpu()
+        latent = (torch.einsum("hdr,hde,hes->rs", w_uk, W_q, w_uk)
+                  + torch.einsum("hdr,hde,hes->rs", w_uv, M.cpu(), w_uv))
+        return {(i, "latent"): Weight(latent[None])}
 
 class StateCache:
     """A recurrent state, projected inside the block's forward pass (no weight to save)."""
 
     holds = "recurrent state"
-
-    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        return {}  # a state without a reader's weight: energy bases
-
-    def static_weights(self, i: int, block) -> dict:
-        return {}
+    one_scale = False  # its rows are weighed by their readout, not yet by W_O: shares
 
     def unsaveable(self, target: ZooTarget) -> str | None:
         return (f"{target.block_kind}'s state is projected inside its forward pass, not "
@@ -164,7 +182,7 @@ class LinearState(StateCache):
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
         """The state's rows are read by phi(q): their second moment per head."""
         phi_q = block.features(x)[0]  # [B, H, T, F]
-        return {(i, "state"): query_weight(phi_q, phi_q.shape[1], rope=False)}
+        return {(i, "state"): Weight(query_weight(phi_q, phi_q.shape[1], rope=False))}
 
     def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
         features, Ps = block.features, P[(i, "state")]
@@ -191,7 +209,7 @@ class SSMState(StateCache):
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
         """The state's rows are read by C: its second moment per B/C group."""
         C = block.project(x)[5].transpose(1, 2)  # [B, G, T, N]
-        return {(i, "state"): query_weight(C, C.shape[1], rope=False)}
+        return {(i, "state"): Weight(query_weight(C, C.shape[1], rope=False))}
 
     def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
         project, Ps = block.project, P[(i, "state")]
@@ -246,15 +264,25 @@ class ZooTarget:
         return self.cache.describe(self.block_kind, len(self.blocks), self.blocks[0].config,
                                    key_label(self.keys, self.rope))
 
+    @property
+    def one_scale(self) -> bool:
+        """Whether the slots' weights share one scale (squared output error per token)."""
+        return self.cache.one_scale
+
     @torch.no_grad()
-    def activations(self, tokens: torch.Tensor, weights: dict | None = None
-                    ) -> dict[tuple[int, str], torch.Tensor]:
+    def activations(self, tokens: torch.Tensor, weights: dict | None = None,
+                    residual: dict | None = None) -> dict[tuple[int, str], torch.Tensor]:
         """Per slot, what the cache would hold for tokens [B, T]: [B, G, T, K]; the
-        weights of the slots that have one, into `weights` when it is a dict."""
+        weights of the slots that have one, into `weights` when it is a dict; per layer the
+        mean squared norm of the residual stream entering it, into `residual`."""
         inputs: dict[int, torch.Tensor] = {}
+        streams: dict[int, torch.Tensor] = {}
         handles = [b.register_forward_pre_hook(
             lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
             for i, b in enumerate(self.blocks)]
+        handles += [layer.register_forward_pre_hook(
+            lambda m, args, i=i: streams.__setitem__(i, args[0].detach()))
+            for i, layer in enumerate(getattr(self.model, "layers", []))]
         try:
             self.model(tokens)
         finally:
@@ -265,13 +293,9 @@ class ZooTarget:
             out.update(self.cache.activations(self, i, block, inputs[i].float()))
             if weights is not None:
                 weights.update(self.cache.weights(self, i, block, inputs[i].float()))
-        return out
-
-    def static_weights(self) -> dict[tuple[int, str], torch.Tensor]:
-        """The weights that depend on the weights alone (values: W_O^T W_O)."""
-        out = {}
-        for i, block in enumerate(self.blocks):
-            out.update(self.cache.static_weights(i, block))
+        if residual is not None:
+            residual.update({i: float(h.double().square().sum(-1).mean())
+                             for i, h in streams.items()})
         return out
 
     def apply(self, surgery: Surgery, P: dict[tuple[int, str], torch.Tensor]) -> None:
