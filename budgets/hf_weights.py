@@ -50,6 +50,7 @@ class LayerMap:
     name: str
     shape: tuple[int, int, int, int]  # H, G, K, V
     rope: bool
+    window: int | None = None  # keys s > t - W seen by query t: the cache holds W
     q: Rows | None = None
     k: Rows | None = None
     v: Rows | None = None
@@ -126,7 +127,7 @@ def _leaf_io(attention: nn.Module, seen: dict):
 def _layer_map(call: AttentionCall, name: str, x: torch.Tensor, seen: dict) -> LayerMap:
     H, G = call.query.shape[1], call.key.shape[1]
     layer = LayerMap(call.module, name, (H, G, call.key.shape[-1], call.value.shape[-1]),
-                     call.rope, out=call.out_proj)
+                     call.rope, window=call.window, out=call.out_proj)
     q = call.query_pre if call.query_pre is not None else call.query
     k = call.key_pre if call.key_pre is not None else call.key
     layer.q, layer.k, layer.v = (_rows(t, x, seen) for t in (q, k, call.value))

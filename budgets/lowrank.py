@@ -36,8 +36,9 @@ direction removes (docs/METRICS.md).
 Bytes follow the KV advice (budgets/kv_advice.py lowrank_cache_bytes, one formula): per
 token, the r codes of every head of every slot at the cache dtype, plus each basis
 (width x r) once per sequence, amortized at a stated length T; a full cache holds every
-width. A state slot (a fixed-size recurrent state, not one entry per token) keeps per
-sequence `columns` elements per kept direction plus its basis; its bytes per token at T
+width. A sliding window's slot holds min(W, T) tokens of a sequence of T, so its bytes per
+token at T are that share of a full slot's. A state slot (a fixed-size recurrent state,
+not one entry per token) keeps per sequence `columns` elements per kept direction plus its basis; its bytes per token at T
 are those of one sequence of T tokens divided by T. Ratio = full / low-rank, both at T.
 
 Two cost models (`shared`): a per-sequence basis (an online basis fitted on each
@@ -85,6 +86,7 @@ class Slot:
     columns: int | None = None
     fixed_per_token: int = 0  # elements cached in full beside, per token (MLA's RoPE key)
     fixed_per_sequence: int = 0  # ... per sequence (an SSM's conv state)
+    window: int | None = None  # a sliding window's W: the cache holds min(W, T) tokens
 
     def __post_init__(self) -> None:
         if self.heads < 1 or self.width < 1:
@@ -267,9 +269,10 @@ def slot_bytes(slot: Slot, ranks: list[int], nbytes: int, T: int,
         raise ValueError(f"slot {slot.kind} of layer {slot.layer}: {len(ranks)} ranks for "
                          f"{slot.heads} heads")
     low = lowrank_cache_bytes([slot.width] * slot.heads, ranks, nbytes, T)
-    if slot.columns is None:  # one code per token and kept direction
-        codes = low["bytes_per_token"] + slot.fixed_per_token * nbytes
-        full = (slot.heads * slot.width + slot.fixed_per_token) * nbytes
+    if slot.columns is None:  # one code per token kept and kept direction
+        held = 1.0 if slot.window is None else min(slot.window, T) / T  # of the T tokens
+        codes = (low["bytes_per_token"] + slot.fixed_per_token * nbytes) * held
+        full = (slot.heads * slot.width + slot.fixed_per_token) * nbytes * held
         return {"full": full, "low": codes + (0 if shared else low["basis_bytes"] / T),
                 "codes": codes, "basis": low["basis_bytes"]}
     # a state: per sequence `columns` elements per kept direction, plus the basis

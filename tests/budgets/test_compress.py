@@ -15,6 +15,7 @@ from budgets.lowrank import (
     project_rows,
     projectors,
     retained_energy,
+    slot_bytes,
     uniform_ranks,
 )
 from budgets.streams import kv_head_figures
@@ -91,6 +92,22 @@ def test_kv_bytes_by_hand_and_as_the_report_counts_them():
     assert kv_option(kv, "k", 2, 32)["cache_bytes_per_token"] == pytest.approx(
         layer0["bytes_per_token"])
     assert cache_bytes(slots, full_ranks(slots), 2, 32)["ratio"] < 1  # bases cost extra
+
+
+def test_a_window_slot_holds_w_tokens_of_t():
+    # Gemma 3's mix at T = 1024: a local layer (W = 128) holds an eighth of what a global
+    # layer holds, so its bytes per token are an eighth, full and low-rank alike
+    local, glob = Slot(0, "k", 1, 8, window=128), Slot(1, "k", 1, 8)
+    for T, share in ((1024, 128 / 1024), (64, 1.0)):  # a window longer than T holds T
+        for shared in (True, False):
+            a, b = slot_bytes(local, [2], 2, T, shared), slot_bytes(glob, [2], 2, T, shared)
+            assert a["full"] == pytest.approx(share * b["full"])
+            assert a["codes"] == pytest.approx(share * b["codes"])
+            assert a["basis"] == b["basis"]  # the basis is the same size
+    both = [local, glob]
+    ranks = {local.key: [1], glob.key: [8]}
+    assert cache_bytes(both, ranks, 2, 1024, True)["ratio"] == pytest.approx(
+        (8 * 2 * (1 + 1 / 8)) / (8 * 2 + 1 * 2 / 8))
 
 
 def test_state_and_latent_bytes_by_hand():

@@ -67,8 +67,8 @@ class HFTarget:
         self._check()
         self.index = {layer.module: i for i, layer in enumerate(self.layers)}
         self.slots = [s for i, layer in enumerate(self.layers)
-                      for s in (Slot(i, "k", layer.shape[1], layer.shape[2]),
-                                Slot(i, "v", layer.shape[1], layer.shape[3]))]
+                      for s in (Slot(i, "k", layer.shape[1], layer.shape[2], window=layer.window),
+                                Slot(i, "v", layer.shape[1], layer.shape[3], window=layer.window))]
 
     def _check(self) -> None:
         """A clear error for a layer whose cache cannot be projected through its weights."""

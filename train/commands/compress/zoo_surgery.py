@@ -46,8 +46,8 @@ class KVCache:
         return c.kv_heads
 
     def slots(self, i: int, c) -> list[Slot]:
-        G = self.heads(c)
-        return [Slot(i, "k", G, c.k_dim), Slot(i, "v", G, c.k_dim)]
+        G, W = self.heads(c), getattr(c, "window", None)
+        return [Slot(i, "k", G, c.k_dim, window=W), Slot(i, "v", G, c.k_dim, window=W)]
 
     def describe(self, kind: str, n: int, c, keys: str) -> str:
         return (f"{kind}: {n} layers x {self.heads(c)} KV heads x (K {c.k_dim} + V "
