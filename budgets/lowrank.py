@@ -38,8 +38,9 @@ token, the r codes of every head of every slot at the cache dtype, plus each bas
 (width x r) once per sequence, amortized at a stated length T; a full cache holds every
 width. A sliding window's slot holds min(W, T) tokens of a sequence of T, so its bytes per
 token at T are that share of a full slot's. A state slot (a fixed-size recurrent state,
-not one entry per token) keeps per sequence `columns` elements per kept direction plus its basis; its bytes per token at T
-are those of one sequence of T tokens divided by T. Ratio = full / low-rank, both at T.
+not one entry per token) keeps per sequence `columns` elements per kept direction plus
+its basis; its bytes per token at T are those of one sequence of T tokens divided by T.
+Ratio = full / low-rank, both at T.
 
 Two cost models (`shared`): a per-sequence basis (an online basis fitted on each
 sequence, the report's KV advice) is paid once per sequence, amortized at T; a shared basis
