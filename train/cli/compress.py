@@ -1,6 +1,7 @@
 """`rankzoo compress`: check the report's KV advice, the eval loss with the cache (or
 state) projected to low rank per cache size, for a trained variant or (--hf) a Hugging
-Face causal LM; --save writes the compressed model."""
+Face causal LM; --save writes the compressed model, --record keeps the document in the
+variant's directory for `rankzoo report`."""
 
 from __future__ import annotations
 
@@ -74,11 +75,18 @@ def add_parser(sub) -> None:
     c.add_argument("--save", metavar="DIR",
                    help="write the compressed model at the largest ratio within the "
                         "tolerance, with its bases, into DIR (a new or empty directory)")
+    c.add_argument("--record", action="store_true",
+                   help="also write the document into the variant's directory as "
+                        "compress.json: `rankzoo report` then shows the measured loss beside "
+                        "its KV advice (not with --hf)")
+    c.add_argument("--force", action="store_true",
+                   help="with --record: replace a compress.json recorded before")
 
 
 def cmd_compress(args, out: Console) -> int:
     """The compress table (or Markdown, or one JSON document); --plot and --save write
-    only into new or empty directories; exit code 1 when --save found nothing to save."""
+    only into new or empty directories, --record only a new compress.json (or, --force,
+    over one); exit code 1 when --save found nothing to save."""
     from ..render.compress import compress_markdown, compress_table
 
     doc = _measure(args)
@@ -92,6 +100,12 @@ def cmd_compress(args, out: Console) -> int:
         print(compress_markdown(doc), end="")
     else:
         out.print(compress_table(doc))
+    if args.record:  # after printing: a refusal now keeps the measurement on stdout
+        from ..commands.compress.record import write_record
+
+        path = write_record(args.run_dir, doc, args.force)
+        print(f"rankzoo: wrote {path}: `rankzoo report` on the run shows it beside the KV "
+              f"advice", file=sys.stderr)
     if args.save is not None:
         if doc.get("saved") is None:
             return 1
@@ -110,6 +124,10 @@ def _measure(args) -> dict:
         options = _compress_options(args)
         if args.plot:
             check_plot_dir(args.plot)
+        if args.record:  # refused before the minutes of measuring, not after them
+            from ..commands.compress.record import check_record
+
+            check_record(args.run_dir, args.force)
         if args.hf is not None:
             doc = compress_hf(args.hf, args.text, args.eval_text, options,
                               seq_len=args.seq_len or 128, device=args.device or "auto",
@@ -136,6 +154,11 @@ def _compress_options(args):
     problem = one_source_error("compress", args.run_dir, args.hf)
     if problem is not None:
         raise ValueError(problem)
+    if args.record and args.hf is not None:
+        raise ValueError(f"--record writes into a run's variant directory; --hf {args.hf} "
+                         "has none (keep its document with --format json > FILE)")
+    if args.force and not args.record:
+        raise ValueError("--force only applies with --record")
     if args.hf is not None:
         if args.text is None:
             raise ValueError(f"--hf {args.hf} needs --text FILE (the calibration text)")

@@ -163,16 +163,29 @@ def cmd_report(args, out: Console) -> int:
     if args.plot:
         _plot(args.run_dir, report, args.plot)
     print_report(report, sweep, args.format, out, details=args.details,
-                 again=f"rankzoo report {args.run_dir} --details")
+                 again=f"rankzoo report {args.run_dir} --details", run_dir=args.run_dir)
     return 0
 
 
 def _check_advice(args, report: dict) -> list[str]:
     """The advice against its outcome: the loss changes measured at the advised KV ranks
-    (--compressed, --check), the check experiment written (--emit-check). The notes."""
-    from ..commands.check import attach_measured, check_kv, emit_check, read_compressed
+    (each variant's recorded compress.json, unless --compressed names that variant or
+    --check measures anew), the check experiment written (--emit-check). The notes."""
+    from ..commands.check import (
+        attach_measured,
+        check_kv,
+        emit_check,
+        read_compressed,
+        read_recorded,
+    )
 
-    notes = attach_measured(report, read_compressed(args.compressed)) if args.compressed else []
+    given = read_compressed(args.compressed) if args.compressed else []
+    notes = []
+    if not args.check:
+        recorded, notes = read_recorded(args.run_dir, report, skip={
+            (d.get("source") or {}).get("variant") for d in given})
+        notes += attach_measured(report, recorded)
+    notes += attach_measured(report, given)
     if args.check:
         notes += check_kv(args.run_dir, report)
     if args.emit_check:
@@ -183,15 +196,16 @@ def _check_advice(args, report: dict) -> list[str]:
 
 
 def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
-                 details: bool = False, again: str = "") -> None:
+                 details: bool = False, again: str = "", run_dir=None) -> None:
     """The report as one JSON document (the sweep summary under "sweep"), Markdown, or
     for people: the short answer (with `details`, every table: the report's sections, the
     variant summary, the sweep's, then the advice, findings and the verdicts of check
     variants), and recall vs capacity.
-    `again`: the command that shows the details, named under the short answer."""
+    `again`: the command that shows the details, named under the short answer; `run_dir`:
+    the run directory, whose variants' config.yaml say which check which (outcome.py)."""
     import budgets
 
-    from ..commands.check.outcome import attach_checks
+    from ..commands.check.outcome import attach_checks, recorded_checks
     from ..render import render_advice, render_table
     from ..render.answer import render_answer
     from ..render.document import report_markdown
@@ -199,7 +213,8 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     from ..render.summary import summary_table
     from ..render.sweep import sweep_markdown, sweep_table
 
-    attach_checks(report)  # a check experiment's verdicts (none: no key)
+    # a check experiment's verdicts (none: no key)
+    attach_checks(report, recorded_checks(run_dir) if run_dir is not None else {})
     view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
     if fmt == "json":
         extra = {**({"sweep": sweep} if sweep is not None else {}),

@@ -64,7 +64,8 @@ def cmd_train(args, out: Console) -> int:
         return 0
     summary = summarize(exp, report) if exp.sweep is not None else None
     print_report(report, summary, args.format, out, details=args.details,  # as `report` does
-                 again=f"rankzoo report {Path(args.runs_dir) / exp.name} --details")
+                 again=f"rankzoo report {Path(args.runs_dir) / exp.name} --details",
+                 run_dir=Path(args.runs_dir) / exp.name)
     return 0
 
 

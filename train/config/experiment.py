@@ -27,10 +27,14 @@ class Variant:
     # this variant's own optimizer settings over the train section's (VARIANT_TRAIN_KEYS):
     # block families are often trained at their own learning rate
     train: dict[str, Any] = field(default_factory=dict)
+    # what this variant checks: {of, advice, state} (parse.py CHECK_KEYS), a suggestion the
+    # report made for variant `of`; `rankzoo report` reads it back from config.yaml
+    check: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"block": self.block, **self.block_kwargs,
-                **({"train": dict(self.train)} if self.train else {})}
+                **({"train": dict(self.train)} if self.train else {}),
+                **({"check": dict(self.check)} if self.check else {})}
 
 
 SECTIONS: dict[str, type[StrictConfig]] = {
@@ -91,6 +95,8 @@ class Experiment:
         }
         if v.point:
             config["sweep"] = {"variant": v.base, **v.point}
+        if v.check:
+            config["check"] = dict(v.check)
         if self.data.intrinsic_rank is not None:
             config["data_intrinsic_rank"] = self.data.intrinsic_rank
         return config

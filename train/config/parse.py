@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 import zoo
-from zoo.config import require, seed_value, unknown_key_error
+from zoo.config import positive_int, require, seed_value, unknown_key_error
 
 from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
@@ -47,6 +47,7 @@ def parse_body(raw: Any) -> Experiment:
     require(isinstance(defaults, dict), f"block_defaults must be a mapping, got {defaults!r}")
     variants = parse_variants(raw.get("variants"), defaults, sections["model"].d_model)
     check_variant_train(sections["train"], variants)
+    check_variant_checks(variants)
     # state first: the matched knob changes the block's parameters, which params then match
     state = match_states(sections, variants) if sections["match"].state else {}
     d_mlp = match_widths(sections, variants, state) if sections["match"].params else {}
@@ -102,6 +103,7 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
             f"{where} must be a mapping with at least 'block', got {raw!r}")
     raw = dict(raw)
     train = parse_variant_train(raw.pop("train", None), where)
+    check = raw.pop("check", None)  # a record of the run, not a block setting
     block = raw.pop("block", None)
     require(block is not None, f"{where}.block is missing; one of {zoo.names()}")
     require(isinstance(block, str), f"{where}.block must be one of {zoo.names()}, got "
@@ -118,7 +120,8 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
         cls.Config.from_dict(kwargs, d_model=d_model)  # validates every value
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
-    return Variant(name, block, kwargs, train=train)
+    return Variant(name, block, kwargs, train=train,
+                   check=parse_variant_check(check, where, block))
 
 
 # what a variant may set for itself under `train:`; the rest of train is shared, so that
@@ -147,6 +150,49 @@ def check_variant_train(train: TrainConfig, variants: dict[str, Variant]) -> Non
                 raise ValueError(f"variants.{name}.train: {e}") from None
 
 
+# `check:` marks a variant trained to check a suggestion the report made for another
+# variant (train/commands/check/): which variant, which advice, the state it named. Per
+# advice, the blocks that act on it: a fixed state of N is an SSM's N or linear's F.
+CHECK_KEYS = ("of", "advice", "state")
+CHECKED_ADVICE = {"cheaper_block": ("ssm", "linear")}
+
+
+def parse_variant_check(raw: Any, where: str, block: str) -> dict[str, Any]:
+    """A variant's `check:` mapping, each key validated (`of` against the other variants
+    later, in check_variant_checks); {} when absent."""
+    if raw is None:
+        return {}
+    where = f"{where}.check"
+    require(isinstance(raw, dict), f"{where} must be a mapping {{of: <variant>, advice: "
+                                   f"cheaper_block, state: <N>}}, got {raw!r}")
+    for key in raw:
+        if key not in CHECK_KEYS:
+            raise unknown_key_error("variant check", f"{where}.{key}",
+                                    [f"{where}.{k}" for k in CHECK_KEYS])
+    missing = [k for k in CHECK_KEYS if k not in raw]
+    require(not missing, f"{where}: missing {', '.join(missing)} (it takes "
+                         f"{', '.join(CHECK_KEYS)})")
+    require(isinstance(raw["of"], str), f"{where}.of must name a variant, got {raw['of']!r}")
+    advice = raw["advice"]
+    require(isinstance(advice, str) and advice in CHECKED_ADVICE,
+            f"{where}.advice must be one of {list(CHECKED_ADVICE)}, got {advice!r}")
+    positive_int(where, state=raw["state"])
+    require(block in CHECKED_ADVICE[advice],
+            f"{where}: a {block} block cannot check {advice} advice (a fixed state: one of "
+            f"{', '.join(CHECKED_ADVICE[advice])})")
+    return dict(raw)
+
+
+def check_variant_checks(variants: dict[str, Variant]) -> None:
+    """Each `check.of` names another variant of the experiment."""
+    for name, v in variants.items():
+        of = v.check.get("of")
+        require(of is None or (of in variants and of != name),
+                f"variants.{name}.check.of: {of!r} is "
+                + ("this variant itself" if of == name else "not a variant of the experiment")
+                + f"; one of {[n for n in variants if n != name]}")
+
+
 def check_block_keys(cls: type, block: str, kwargs: dict[str, Any], where: str,
                      own: dict[str, Any]) -> None:
     """Unknown block keys, named where they were written: the variant or block_defaults."""
@@ -173,7 +219,7 @@ def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
                     f"sweep: run name {name!r} is taken twice; rename variant {v.name!r}")
             check_name_length(f"sweep run name {name[:20]}...", name)
             runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point,
-                                 train=v.train)
+                                 train=v.train, check=v.check)
     widths = {run: d_mlp[r.base] for run, r in runs.items() if r.base in d_mlp}
     return runs, widths
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from rich.console import Console
 
 from train.cli import main
@@ -17,10 +16,11 @@ from train.commands.check import (
     check_kv,
     emit_check,
     read_compressed,
+    recorded_checks,
 )
 from train.commands.check.outcome import ACCURACY_TOLERANCE, LOSS_TOLERANCE
 from train.commands.compress import CompressOptions
-from train.config import parse_experiment
+from train.config import load_experiment, parse_experiment
 from train.experiment.stages import train_experiment
 from train.render.advice import advice_markdown, advice_text
 from train.rundir.read import load_run
@@ -110,11 +110,19 @@ def test_emit_check_writes_a_matched_experiment_and_keeps_what_exists(trained, t
     report["advice"].append(cheaper_block(3))
     path = tmp_path / "check.yaml"
     raw = emit_check(report, trained, path)
-    exp = parse_experiment(yaml.safe_load(path.read_text()))
-    assert list(exp.variants) == ["mha", "check.mha.ssm_n3", "check.mha.linear_f3"]
-    assert exp.variant_config("check.mha.ssm_n3")["block"]["d_state"] == 3
-    assert exp.variant_config("check.mha.linear_f3")["block"]["feature_dim"] == 3
+    exp = load_experiment(path)
+    assert list(exp.variants) == ["mha", "mha.ssm_n3", "mha.linear_f3"]
+    assert exp.variant_config("mha.ssm_n3")["block"]["d_state"] == 3
+    assert exp.variant_config("mha.linear_f3")["block"]["feature_dim"] == 3
     assert exp.match.params and exp.data.seq_len == 16 and raw["name"] == "check"
+    # the record is a key, kept from the file to each run's config and back to YAML
+    record = {"of": "mha", "advice": "cheaper_block", "state": 3}
+    for name in ("mha.ssm_n3", "mha.linear_f3"):
+        assert exp.variants[name].check == record
+        assert exp.variant_config(name)["check"] == record
+        assert exp.to_dict()["variants"][name]["check"] == record
+    assert not exp.variants["mha"].check and "check" not in exp.variant_config("mha")
+    assert parse_experiment(exp.to_dict()).variants["mha.ssm_n3"].check == record
     text = path.read_text()
     assert "layer 0 realizes" in text and f"rankzoo train {path}" in text
     with pytest.raises(FileExistsError, match="pass --force"):
@@ -128,19 +136,22 @@ def test_emit_check_writes_a_matched_experiment_and_keeps_what_exists(trained, t
     assert not (tmp_path / "none.yaml").exists()
 
 
-def test_emitted_check_trains_and_its_report_gives_the_verdict(trained, tmp_path):
-    """End to end: the advice emits its experiment, the experiment trains, and the report
-    of its run says whether each suggested block matched the original."""
+def test_emitted_check_trains_and_its_report_gives_the_verdict(trained, tmp_path, capsys):
+    """End to end: the advice emits its experiment, `rankzoo train` trains it and ends with
+    the verdicts, and the report of its run says whether each suggested block matched the
+    original."""
     report = load_run(trained)
     report["advice"].append(cheaper_block(2))
     path = tmp_path / "check.yaml"
     emit_check(report, trained, path)
-    train_experiment(parse_experiment(yaml.safe_load(path.read_text())), tmp_path / "runs",
-                     console=QUIET)
+    capsys.readouterr()
+    assert main(["train", str(path), "--runs-dir", str(tmp_path / "runs"),
+                 "--format", "json"]) == 0
+    ended = json.loads(capsys.readouterr().out)["advice_checks"]
     checked = load_run(tmp_path / "runs" / "check")
-    items = attach_checks(checked)
+    items = attach_checks(checked, recorded_checks(tmp_path / "runs" / "check"))
     assert [(c["candidate"], c["block"], c["state"]) for c in items] == [
-        ("check.mha.ssm_n2", "ssm", 2), ("check.mha.linear_f2", "linear", 2)]
+        ("mha.ssm_n2", "ssm", 2), ("mha.linear_f2", "linear", 2)]
     metrics = {v["variant"]: v["metrics"] for v in checked["variants"]}
     for c in items:  # the verdict, recomputed from the runs' own metrics
         a, b = metrics["mha"], metrics[c["candidate"]]
@@ -149,17 +160,62 @@ def test_emitted_check_trains_and_its_report_gives_the_verdict(trained, tmp_path
         assert c["verdict"] == ("verified" if ok else "refuted")
         assert c["verdict"] in c["text"]
     assert "## Advice checked by training" in advice_markdown(checked)
+    assert ended == items  # the end of `rankzoo train` says the same as `report`
 
 
-def test_report_shows_the_checks_of_a_check_run(tmp_path, capsys):
+CHECK = {"of": "mha", "advice": "cheaper_block", "state": 2}
+
+
+def test_report_matches_a_check_by_its_key_whatever_its_name(tmp_path, capsys):
+    """The `check:` key is the record: a variant named anything is matched to the variant
+    it names, and a name that looks like a check without the key is no check."""
     run = write_run(tmp_path, tiny_experiment(variants={
+        "cheap": {"block": "ssm", "d_state": 2, "check": CHECK},
         "check.mha.ssm_n2": {"block": "ssm", "d_state": 2}}))
     assert main(["report", str(run), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     [item] = doc["advice_checks"]
-    assert (item["variant"], item["candidate"]) == ("mha", "check.mha.ssm_n2")
+    assert (item["variant"], item["candidate"], item["state"]) == ("mha", "cheap", 2)
     assert item["metrics"]["val/loss"]["difference"] == 0.0  # write_run's equal metrics
     assert item["verdict"] == "verified"
+    assert recorded_checks(run / "cheap") == {}  # one variant alone has no original
+
+
+def test_a_sweeps_check_is_matched_at_the_same_grid_point(tmp_path):
+    run = write_run(tmp_path, tiny_experiment(
+        variants={"cheap": {"block": "ssm", "d_state": 2, "check": CHECK}},
+        sweep={"lr": [0.001, 0.003]}), sweep=True)
+    assert recorded_checks(run) == {
+        f"cheap_lr{lr}": {"of": f"mha_lr{lr}", "block": "ssm", "state": 2}
+        for lr in ("0.001", "0.003")}
+
+
+@pytest.mark.parametrize("check, message", [
+    ({**CHECK, "stat": 2}, "unknown variant check key 'variants.cheap.check.stat'; did you "
+                           "mean 'variants.cheap.check.state'?"),
+    ({**CHECK, "of": "gone"}, "variants.cheap.check.of: 'gone' is not a variant of the "
+                              "experiment; one of ['mha']"),
+    ({**CHECK, "of": "cheap"}, "variants.cheap.check.of: 'cheap' is this variant itself"),
+    ({**CHECK, "state": 0}, "variants.cheap.check.state must be a positive int, got 0"),
+    ({**CHECK, "advice": "kv_cache"}, "variants.cheap.check.advice must be one of "
+                                      "['cheaper_block'], got 'kv_cache'"),
+    ({"of": "mha"}, "variants.cheap.check: missing advice, state"),
+    ("mha", "variants.cheap.check must be a mapping"),
+])
+def test_a_bad_check_key_is_a_located_config_error(tiny_yaml, capsys, check, message):
+    path = tiny_yaml(variants={"cheap": {"block": "ssm", "d_state": 2, "check": check}})
+    with pytest.raises(ValueError) as e:
+        load_experiment(path)
+    assert message in str(e.value) and str(e.value).startswith(f"{path}: ")
+    assert main(["train", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_only_a_fixed_state_block_checks_cheaper_block_advice(tiny_yaml):
+    path = tiny_yaml(variants={"mqa": {"block": "softmax", "n_kv_heads": 1, "check": CHECK}})
+    with pytest.raises(ValueError, match="a softmax block cannot check cheaper_block advice"):
+        load_experiment(path)
 
 
 def test_report_check_flags_refuse_bad_combinations(tmp_path, capsys):

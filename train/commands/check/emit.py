@@ -8,18 +8,19 @@ SSM with N = N)" for layers whose past->future rank stays <= N. The emitted expe
 the original run's own (its data, model, train and monitor sections, its seed) with three
 variants, matched in parameters to the first:
 
-  <variant>                           the variant the advice is about, as it was trained
-  check.<variant>.ssm_n<N>            an SSM with d_state N in every layer
-  check.<variant>.linear_f<N>         linear attention with F = N: feature_map identity
-                                      with feature_dim N (unnormalized: identity features
-                                      can be negative)
+  <variant>                     the variant the advice is about, as it was trained
+  <variant>.ssm_n<N>            an SSM with d_state N in every layer
+  <variant>.linear_f<N>         linear attention with F = N: feature_map identity with
+                                feature_dim N (unnormalized: identity features can be
+                                negative)
 
 where N is the largest state advised over the variant's layers (the zoo's decoder has one
 block in every layer, so every layer is replaced: a stronger change than the advice's).
-The names are the record: `rankzoo report` on the run reads a variant named
-check.<variant>.<block>_<knob><N> as the check of <variant>'s advice (outcome.py). The file
-is written through `rankzoo pick --emit`'s writer (train/commands/pick/emit.py): loaded
-back first, an existing file kept unless forced.
+Each check variant carries the record `check: {of: <variant>, advice: cheaper_block,
+state: N}` (a config key, train/config/parse.py CHECK_KEYS): its run's config.yaml keeps
+it, and `rankzoo report` on the run reads it back (outcome.py); the names only read well.
+The file is written through `rankzoo pick --emit`'s writer (train/commands/pick/emit.py):
+loaded back first, an existing file kept unless forced.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from ...sizing.costs import MATCH_TOLERANCE
 from ..pick.emit import check_target, experiment_name, write_experiment
 
 FLAG = "--emit-check"
-PREFIX = "check."  # a check variant's name: check.<variant>.<block>_<knob><N>
+ADVICE = "cheaper_block"
 
 
 def candidates(state: int) -> dict[str, dict[str, Any]]:
-    """The blocks whose fixed state is `state`, by the name suffix the report reads back."""
+    """The blocks whose fixed state is `state`, by the suffix of their variant's name."""
     return {f"ssm_n{state}": {"block": "ssm", "d_state": state},
             f"linear_f{state}": {"block": "linear", "feature_map": "identity",
                                  "feature_dim": state, "normalize": False}}
@@ -48,7 +49,7 @@ def candidates(state: int) -> dict[str, dict[str, Any]]:
 def advised(report: dict, variant: str | None) -> tuple[str, list[dict]]:
     """(variant, its cheaper_block advice items): the one variant named, or the one that
     has such advice; a clear error otherwise."""
-    items = [a for a in report.get("advice", []) if a["kind"] == "cheaper_block"]
+    items = [a for a in report.get("advice", []) if a["kind"] == ADVICE]
     names = list(dict.fromkeys(a["variant"] for a in items))
     if variant is None and len(names) > 1:
         raise ValueError(f"{FLAG}: {len(names)} variants have cheaper-block advice "
@@ -70,9 +71,11 @@ def check_experiment(exp: dict[str, Any], variant: str, state: int,
     if variant not in exp["variants"]:  # a sweep's grid point, or a fine-tune
         raise ValueError(f"{FLAG}: {variant} is not a variant of the experiment "
                          f"({', '.join(exp['variants'])}); check a trained variant")
-    original = exp["variants"][variant]
+    # a check variant checked in turn: its own record names a variant left out here
+    original = {k: v for k, v in exp["variants"][variant].items() if k != "check"}
     extra = {"train": original["train"]} if "train" in original else {}
-    variants = {variant: original, **{f"{PREFIX}{variant}.{suffix}": {**block, **extra}
+    record = {"check": {"of": variant, "advice": ADVICE, "state": state}}
+    variants = {variant: original, **{f"{variant}.{suffix}": {**block, **extra, **record}
                                       for suffix, block in candidates(state).items()}}
     keep = ("seed", "data", "model", "train", "monitor", "block_defaults")
     return {"name": name, **{k: exp[k] for k in keep if k in exp},
@@ -106,5 +109,7 @@ def _header(variant: str, exp_dir: Path, items: list[dict], state: int, path: Pa
         f"realize{'s' * (len(layers) == 1)}",
         f"# past->future rank <= {state}, so a block with a fixed state of {state} should do "
         f"as well. Every layer is replaced; matched in parameters to {variant}.",
+        "# Each check variant's `check:` key records what it checks; `rankzoo report` reads "
+        "it back.",
         f"#   rankzoo train {path}",
         f"#   rankzoo report runs/{name}   # the advice, verified or refuted"])

@@ -2,13 +2,19 @@
 beside each KV advice item of that variant.
 
     docs = read_compressed(["runs/quick/mha.compress.json"])   # --compressed FILE ...
-    docs = compress_docs(run_dir, report)                      # --check: measured now
+    docs, notes = read_recorded(run_dir, report)   # each variant's compress.json (--record)
+    notes = check_kv(run_dir, report)              # --check: measured now, attached
     notes = attach_measured(report, docs)
 
 A compress document (docs/SCHEMAS.md, rankzoo.compress) measures every layer at its
 advised ranks at once, so each KV item of a variant (per layer and the summary) carries the
 same model-wide measurement, under "measured": {ratio, delta_loss, verdict, tolerance,
 source}. Nothing is written: the report on disk stays as training left it.
+
+`rankzoo compress RUN_DIR/<variant> --record` keeps its document in the variant's
+directory (train/commands/compress/record.py); `rankzoo report` attaches every such record
+unless `--compressed FILE` names the same variant (the file wins) or `--check` measures
+anew.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 from ...rundir.read import is_variant_dir
 from ..compress import CompressOptions, compress_run
 from ..compress.options import SCHEMA
+from ..compress.record import RECORD_FILE
 
 KV_KINDS = ("kv_cache", "kv_cache_summary")
 
@@ -32,15 +39,61 @@ def read_compressed(paths) -> list[dict]:
     for path in map(Path, paths):
         if not path.is_file():
             raise FileNotFoundError(f"--compressed {path}: no such file")
-        try:
-            doc = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"--compressed {path}: not JSON ({e})") from None
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"--compressed {path}: not a {SCHEMA} document (write one with "
-                             f"`rankzoo compress RUN_DIR/<variant> --format json > {path}`)")
-        docs.append({**doc, "path": str(path)})
+        docs.append(read_document(path, "--compressed"))
     return docs
+
+
+def read_document(path: Path, what: str) -> dict:
+    """One compress document, its path under "path"; a ValueError naming `what` and the
+    file when it is none."""
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{what} {path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{what} {path}: not JSON (nested too deeply)") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ValueError(f"{what} {path}: not a {SCHEMA} document (write one with "
+                         f"`rankzoo compress RUN_DIR/<variant> --format json > {path}`)")
+    return {**doc, "path": str(path)}
+
+
+def read_recorded(run_dir, report: dict, skip=()) -> tuple[list[dict], list[str]]:
+    """The compress documents recorded in the directories of the report's variants
+    (`rankzoo compress RUN_DIR/<variant> --record`), those of variants in `skip` left out,
+    and notes: what was read, what could not be, what measured older weights. A record
+    that does not read is a note, not an error: the report stands without it."""
+    docs, notes = [], []
+    for variant in report["variants"]:
+        vdir = _variant_dir(run_dir, variant["variant"])
+        path = vdir / RECORD_FILE
+        if variant["variant"] in skip or not path.is_file():
+            continue
+        try:
+            doc = read_document(path, "recorded")
+        except (OSError, ValueError) as e:
+            notes.append(f"{e}; left out")
+            continue
+        if "rows" not in doc:  # what `compress --save DIR` writes beside a saved model
+            notes.append(f"{path}: the record of a model compress --save wrote, not a "
+                         "measurement; left out")
+            continue
+        docs.append(doc)
+        notes += _stale(path, vdir)
+    if docs:
+        notes.insert(0, "KV advice measured by rankzoo compress --record: "
+                        + ", ".join(d["path"] for d in docs))
+    return docs, notes
+
+
+def _stale(path: Path, vdir: Path) -> list[str]:
+    """A note when the run's checkpoint was written after the record (a resumed run): the
+    record measured older weights."""
+    ckpt = vdir / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file() or ckpt.stat().st_mtime <= path.stat().st_mtime:
+        return []
+    return [f"{path} measured the weights before {ckpt} was last written; measure again "
+            f"with `rankzoo compress {vdir} --record --force`"]
 
 
 def kv_variants(report: dict) -> list[str]:

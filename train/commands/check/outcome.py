@@ -1,10 +1,12 @@
 """A check experiment's run read back: each cheaper-block suggestion verified or refuted
 against the variant it was advised for.
 
-    attach_checks(report)   # report["advice_checks"]: one item per check variant
+    attach_checks(report, recorded_checks("runs/check"))   # report["advice_checks"]
 
-A variant named check.<variant>.<block>_<knob><N> (written by emit.py) beside <variant> in
-the same run is the check of <variant>'s advice "a block with a fixed state of N". It is
+A variant whose config carries `check: {of: <variant>, advice: cheaper_block, state: N}`
+(written by emit.py, kept in its run's config.yaml) beside <variant> in the same run is the
+check of <variant>'s advice "a block with a fixed state of N", whatever its name. In a
+sweep, each grid point is checked against <variant>'s run at the same point. It is
 verified when, at the end of training, its validation accuracy is at most
 ACCURACY_TOLERANCE below the original's and its validation loss at most LOSS_TOLERANCE
 nats per token above (each metric the runs log; MQAR logs both, the Markov language its
@@ -14,11 +16,14 @@ neither.
 
 from __future__ import annotations
 
-import re
+from pathlib import Path
+
+from ...config.parse import parse_variant_check
+from ...config.stage_sections import run_name
+from ...rundir.read import is_variant_dir, run_config, variant_dirs
 
 ACCURACY_TOLERANCE = 0.02  # absolute, of val/accuracy
 LOSS_TOLERANCE = 0.02  # nats per token, of val/loss: rankzoo compress's default tolerance
-CHECK_NAME = re.compile(r"^check\.(?P<variant>.+)\.(?P<knob>ssm_n|linear_f)(?P<state>\d+)$")
 BLOCKS = {"ssm": "an SSM with N = {n}", "linear": "linear attention with F = {n}"}
 
 
@@ -59,16 +64,40 @@ def check_item(original: dict, candidate: dict, block: str, state: int) -> dict:
                     f"{candidate['variant']}: {shown}"}
 
 
-def attach_checks(report: dict) -> list[dict]:
-    """report["advice_checks"]: one item per check variant whose original is in the same
-    report (none: the key is left out). Returns the items."""
+def recorded_checks(run_dir) -> dict[str, dict]:
+    """Run name -> {of: the original's run name, block, state}, for each run of the
+    experiment directory `run_dir` whose config.yaml records a check (none for a variant
+    directory: a check needs its original beside it). The key is the record: a variant's
+    name is never read."""
+    run_dir = Path(run_dir)
+    if is_variant_dir(run_dir):
+        return {}
+    found = {}
+    for vdir in variant_dirs(run_dir):
+        try:
+            config = run_config(vdir)
+            check = parse_variant_check(config.get("check"), vdir.name,
+                                        (config.get("block") or {}).get("name"))
+        except (OSError, ValueError):  # an unreadable or edited config.yaml: no check read
+            continue
+        if check:
+            point = {k: v for k, v in (config.get("sweep") or {}).items() if k != "variant"}
+            found[config.get("variant", vdir.name)] = {
+                "of": run_name(check["of"], point) if point else check["of"],
+                "block": config["block"]["name"], "state": check["state"]}
+    return found
+
+
+def attach_checks(report: dict, checks: dict[str, dict]) -> list[dict]:
+    """report["advice_checks"]: one item per check variant of `checks` (recorded_checks)
+    whose original is in the same report (none: the key is left out). Returns the items."""
     by_name = {v["variant"]: v for v in report["variants"]}
     items = []
     for name, variant in by_name.items():
-        m = CHECK_NAME.match(name)
-        if m and m["variant"] in by_name:
-            items.append(check_item(by_name[m["variant"]], variant, m["knob"].split("_")[0],
-                                    int(m["state"])))
+        check = checks.get(name)
+        if check is not None and check["of"] in by_name:
+            items.append(check_item(by_name[check["of"]], variant, check["block"],
+                                    check["state"]))
     if items:
         report["advice_checks"] = items
     return items

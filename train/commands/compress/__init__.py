@@ -28,16 +28,18 @@ What is projected, per family (model surgery, each undone after its evaluation):
   ssm            the state h = sum x B^T over its N rows, per B/C group: B -> P B (the conv
                  state is kept in full)
 
-Bases: output-aware by default (keys weighted by the queries' energy per rotary pair,
-values by W_O^T W_O of the heads reading them; budgets/lowrank.py weighted_basis), or by
+Bases: output-aware by default (each slot's error weighed as its reader sees it: keys
+through the queries and the attention, values through W_O and the attention, MLA's latent
+through both, on one scale of squared output error per token; budgets/readout.py), or by
 energy (--bases energy). Cost model: the bases are fitted once and shared, so they are
 weights: a row's ratio counts the codes per token alone, its basis bytes once per model.
 
-Settings evaluated: the report's advised ranks (per KV head, rank_eps_max rounded up),
+Settings evaluated: the report's advised ranks (per KV head, rank_eps_pooled rounded up),
 and per target ratio a uniform r and a greedy allocation by gain per byte, and per --eps
 the per-layer rank_eps. The verdict: *verified* when the loss change
 at the advised ranks is within the tolerance, else *refuted*, naming the largest measured
-ratio that is. Nothing is written except --plot DIR and --save DIR (each new or empty).
+ratio that is. Nothing is written except --plot DIR and --save DIR (each new or empty)
+and, --record, the variant's compress.json.
 
 One module per job:
   train/commands/compress/options.py      CompressOptions, the keys chosen, the constants
@@ -48,6 +50,7 @@ One module per job:
   train/commands/compress/prediction.py       the report's advised ranks
   train/commands/compress/measure.py      the settings, their rows, the verdict
   train/commands/compress/save.py         --save DIR
+  train/commands/compress/record.py       --record: the document kept in the variant's dir
   train/commands/compress/run.py          compress_run, compress_hf: the document
   train/render/compress.py                the table (rich, Markdown) and the figure
 """
