@@ -125,6 +125,7 @@ def test_emit_check_writes_a_matched_experiment_and_keeps_what_exists(trained, t
     assert parse_experiment(exp.to_dict()).variants["mha.ssm_n3"].check == record
     text = path.read_text()
     assert "layer 0 realizes" in text and f"rankzoo train {path}" in text
+    assert "&id" not in text and "*id" not in text  # each record written out, no aliases
     with pytest.raises(FileExistsError, match="pass --force"):
         emit_check(report, trained, path)
     assert path.read_text() == text

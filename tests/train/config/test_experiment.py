@@ -18,6 +18,12 @@ def test_quick_config_loads():
     assert {v.block_kwargs.get("n_kv_heads") for v in exp.variants.values()} == {None, 2, 1}
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_names_itself_after_its_file(path):
+    exp = load_experiment(path)
+    assert exp.name == path.stem and exp.variants
+
+
 def test_defaults_merge_and_overrides(tiny_yaml):
     exp = load_experiment(tiny_yaml(BASE),
                           ["train.max_steps=7", "variants.mqa.n_kv_heads=2", "seed=5",

@@ -25,6 +25,7 @@ loaded back first, an existing file kept unless forced.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +74,19 @@ def check_experiment(exp: dict[str, Any], variant: str, state: int,
                          f"({', '.join(exp['variants'])}); check a trained variant")
     # a check variant checked in turn: its own record names a variant left out here
     original = {k: v for k, v in exp["variants"][variant].items() if k != "check"}
-    extra = {"train": original["train"]} if "train" in original else {}
-    record = {"check": {"of": variant, "advice": ADVICE, "state": state}}
-    variants = {variant: original, **{f"{variant}.{suffix}": {**block, **extra, **record}
-                                      for suffix, block in candidates(state).items()}}
+    variants = {variant: original, **{f"{variant}.{suffix}": _check_variant(
+        block, original, {"of": variant, "advice": ADVICE, "state": state})
+        for suffix, block in candidates(state).items()}}
     keep = ("seed", "data", "model", "train", "monitor", "block_defaults")
     return {"name": name, **{k: exp[k] for k in keep if k in exp},
             "match": {"params": True, "tolerance": MATCH_TOLERANCE}, "variants": variants}
+
+
+def _check_variant(block: dict, original: dict, check: dict) -> dict[str, Any]:
+    """One check variant: its block, the original's own train settings and the record,
+    each a fresh copy (shared objects would be written as YAML anchors and aliases)."""
+    extra = {"train": copy.deepcopy(original["train"])} if "train" in original else {}
+    return {**block, **extra, "check": dict(check)}
 
 
 def emit_check(report: dict, run_dir, path, force: bool = False) -> dict[str, Any]:
