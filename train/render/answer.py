@@ -5,9 +5,10 @@
 Per variant one row: how its run ended, the metric it is judged by, and its budget in one
 line (per part, the realized ranks summed over rows and layers against the declared caps
 summed the same way); then at most three advice items, the ones that change a model
-first, and the verdicts of a check experiment's run (the advice verified or refuted by
-training). Everything else (every row, head and finding) is in the details: `--details` in
-the terminal, always in report.md and JSON.
+first (a KV cache item in one line: its bytes, ratio and basis, and the loss compress
+measured; its full text in the details), and the verdicts of a check experiment's run
+(the advice verified or refuted by training). Everything else (every row, head and
+finding) is in the details: `--details` in the terminal, always in report.md and JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.console import Group
 from rich.text import Text
 
 from budgets.advice import solved
+from budgets.kv_advice import KEY_LABEL
 from budgets.report import PARTS
 from budgets.verdicts import VerdictThresholds
 
@@ -67,6 +69,38 @@ def budget_line(variant: dict) -> str:
                       for p, (r, d) in sums.items())
 
 
+def _best_option(item: dict) -> tuple[str, dict]:
+    """(key kind, option) of a KV item with the largest ratio."""
+    return max(item["options"].items(), key=lambda kv: kv[1].get("ratio") or 0.0)
+
+
+def _kv_headline(item: dict) -> str:
+    """'mqa: a low-rank KV cache, 96 B/token of codes for 128 (1.33x; keys before RoPE +
+    values, one basis shared by every sequence, 1536 B once per model)'; the measured loss
+    when compress measured it."""
+    key, opt = _best_option(item)
+    where = item["variant"] + (f" layer {item['layer']}" if "layer" in item else "")
+    keys = KEY_LABEL.get(key, "keys") if item.get("rope") or key == "k_pre_rope" else "keys"
+    basis = (f"one basis shared by every sequence, {opt['basis_bytes']} B once per model"
+             if opt.get("cost_model") == "shared_basis"
+             else f"a basis per sequence, {opt['basis_bytes']} B at T = {item.get('seq_len')}")
+    text = (f"{where}: a low-rank KV cache, {opt['cache_bytes_per_token']:.0f} B/token for "
+            f"{item['full_bytes_per_token']} ({opt['ratio']:.2f}x; {keys} + values, {basis})")
+    m = item.get("measured")
+    if m:
+        text += (f"; measured {m['delta_loss']:+.4f} nats per token at {m['ratio']:.2f}x: "
+                 f"{m['verdict']}")
+    return text
+
+
+# advice kind -> its one-line form in the summary (the full text is in the details)
+HEADLINES = {"kv_cache_summary": _kv_headline, "kv_cache": _kv_headline}
+
+
+def headline(item: dict) -> str:
+    return HEADLINES.get(item["kind"], advice_text)(item)
+
+
 def top_advice(report: dict, n: int = TOP_ADVICE) -> list[dict]:
     """The n advice items that matter most (PRIORITY, then report order)."""
     items = list(report.get("advice", []))
@@ -99,7 +133,7 @@ def render_answer(report: dict, details_hint: str = "") -> Group:
     """The summary table, the top advice, and what the details hold."""
     lines: list = [to_rich(answer_spec(report))]
     for item in top_advice(report):
-        lines.append(Text(f"- {advice_text(item)}", style="yellow"
+        lines.append(Text(f"- {headline(item)}", style="yellow"
                           if item["kind"] == "no_advice" else ""))
     for item in report.get("advice_checks", []):
         lines.append(Text(f"- {item['text']}", style=check_style(item)))
@@ -114,7 +148,7 @@ def answer_markdown(report: dict) -> str:
     lines = [to_markdown(answer_spec(report)).rstrip("\n"), ""]
     top = top_advice(report)
     if top:
-        lines += ["Top advice:", "", *(f"- {advice_text(a)}" for a in top), ""]
+        lines += ["Top advice:", "", *(f"- {headline(a)}" for a in top), ""]
     checks = report.get("advice_checks", [])
     if checks:
         lines += ["Advice checked by training:", "", *(f"- {a['text']}" for a in checks), ""]

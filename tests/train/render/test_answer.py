@@ -4,7 +4,7 @@ the ones that change a model first."""
 from __future__ import annotations
 
 from budgets.verdicts import VerdictThresholds
-from train.render.answer import answer_markdown, budget_line, outcome, top_advice
+from train.render.answer import answer_markdown, budget_line, headline, outcome, top_advice
 
 TH = VerdictThresholds()
 
@@ -50,3 +50,24 @@ def test_markdown_answer_counts_what_only_the_details_hold():
     md = answer_markdown(report)
     assert md.startswith("## Summary") and md.count("\n- n") == 3
     assert "(2 more advice items, 1 finding: below.)" in md
+
+
+def test_a_kv_item_reads_as_one_line_with_its_bytes_basis_and_measured_loss():
+    opts = {"k_pre_rope": {"cost_model": "shared_basis", "ratio": 1.6, "basis_bytes": 640,
+                           "cache_bytes_per_token": 40.0},
+            "k": {"cost_model": "shared_basis", "ratio": 1.2, "basis_bytes": 800,
+                  "cache_bytes_per_token": 53.3}}
+    item = {"kind": "kv_cache_summary", "variant": "mqa", "rope": True, "options": opts,
+            "full_bytes_per_token": 64, "text": "a long text " * 20,
+            "measured": {"delta_loss": 0.0012, "ratio": 1.6, "verdict": "verified",
+                         "tolerance": 0.02}}
+    line = headline(item)
+    assert line.startswith("mqa: a low-rank KV cache, 40 B/token for 64 (1.60x; keys "
+                           "before RoPE + values, one basis shared by every sequence, "
+                           "640 B once per model)")
+    assert line.endswith("measured +0.0012 nats per token at 1.60x: verified")
+    assert "a long text" not in line  # the full text stays in the details
+    md = answer_markdown({"experiment": "x", "variants": [variant()], "advice": [item]})
+    assert f"- {line}" in md
+    note = {"kind": "note", "text": "a note"}
+    assert headline(note) == "a note"  # other kinds read as their text
