@@ -19,6 +19,7 @@ OPTIMIZERS = ("adamw", "muon", "lion")
 MAX_LAYERS = 1024  # deeper than any trained decoder; bounds what a dry run builds
 # widths past any model's; a square matrix of 2**31 rows overflows torch's storage size
 MAX_WIDTH, MAX_MLP = 2 ** 20, 2 ** 24
+MAX_VOCAB = 2 ** 24  # past any tokenizer's (256k); an embedding table's rows are an int64
 
 
 def greater_than_zero(section: str, **values: Any) -> None:
@@ -69,6 +70,8 @@ class DataConfig(StrictConfig):
             object.__setattr__(self, "vocab_size", DEFAULT_VOCAB[self.task])
         greater_than_zero("data", train_size=self.train_size, val_size=self.val_size,
                           batch_size=self.batch_size, seq_len=self.seq_len)
+        require(self.vocab_size <= MAX_VOCAB,
+                f"data.vocab_size must be <= {MAX_VOCAB}, got {self.vocab_size}")
         seed_value("data.permute_seed", self.permute_seed, optional=True)
         self.spec()  # names the bad values
         for split, size in (("val", self.val_size), ("train", self.train_size)):

@@ -28,6 +28,7 @@ from ..conftest import tiny_experiment
     ("variants." + "v" * 300 + ".block=softmax", "is 300 characters long"),
     ("model.n_layers=100000", "model.n_layers must be <= 1024, got 100000"),
     ("model.d_model=1000000000000", "model.d_model must be <= 1048576"),
+    (f"data.vocab_size={2 ** 63}", "data.vocab_size must be <= 16777216"),  # past an int64
     ("model.mlp_ratio=1e30", "model's MLP width must be <="),
 ])
 def test_a_bad_value_is_refused_by_the_dry_run(tmp_path, override, named):
