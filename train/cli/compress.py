@@ -48,7 +48,9 @@ def add_parser(sub) -> None:
                    help="also measure r per layer = rank_eps at each eps (0 < eps < 1)")
     c.add_argument("--alloc", default="uniform,greedy", metavar="LIST",
                    help="how ranks are spread at each ratio: uniform (one r), greedy (by "
-                        "gain per byte, per layer and head) (uniform,greedy)")
+                        "each head's share of its gain per byte, per layer and head), "
+                        "greedy-scaled (by the output error per byte, on one scale) "
+                        "(uniform,greedy)")
     c.add_argument("--keys", default="auto", metavar="{auto,pre-rope,post-rope}",
                    help="keys that get a basis: before RoPE (auto with RoPE) or as cached")
     c.add_argument("--bases", default="output", metavar="{output,energy}",

@@ -232,7 +232,7 @@ def test_output_gains_predict_the_blocks_output_error_on_one_scale(family):
     target = ZooTarget(model)
     calib = tokens(16, 24, seed=100)
     cal = calibrate(target, calib, 16, "output")
-    assert not cal.shares
+    assert cal.one_scale
     base = block_outputs(model, calib)
     for s in target.slots:
         for r in (1, 2):
@@ -432,3 +432,20 @@ def test_save_refuses_a_setting_that_makes_the_cache_no_smaller(tmp_path):
                     written.append)
     assert doc["saved"] is None and not written and not (tmp_path / "s").exists()
     assert "no smaller than the full one (at best 0.86x, the advised ranks)" in notes[0]
+
+
+@pytest.mark.parametrize("family, bases, scaled", [
+    ("mha", "output", True), ("mla", "output", True), ("mha", "energy", False),
+    ("linear", "output", False), ("moe", "output", False)])
+def test_greedy_scaled_is_measured_only_where_the_gains_share_one_scale(family, bases, scaled):
+    from train.commands.compress.measure import settings
+
+    block, kwargs = FAMILIES[family]
+    target = ZooTarget(tiny(block, **kwargs))
+    cal = calibrate(target, tokens(), 4, bases)
+    assert cal.one_scale is scaled
+    notes: list[str] = []
+    options = CompressOptions(ratios=(2.0,), allocations=("greedy", "greedy-scaled"))
+    got = [alloc for alloc, _, _ in settings(target, cal, options, 12, None, notes)]
+    assert got == (["greedy", "greedy-scaled"] if scaled else ["greedy"])
+    assert any("greedy-scaled: left out" in n for n in notes) is not scaled

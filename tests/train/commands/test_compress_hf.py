@@ -248,7 +248,7 @@ def test_hf_output_gains_predict_the_attention_error_on_one_scale(model_type):
     target = HFTarget(model, "post-rope" if model_type == "gpt_oss" else "auto")
     ids = torch.randint(3, 128, (4, 32), generator=torch.Generator().manual_seed(0))
     cal = calibrate(target, ids, 4, "output")
-    assert not cal.shares
+    assert cal.one_scale
 
     def outputs():
         outs = {}

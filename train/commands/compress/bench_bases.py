@@ -26,7 +26,9 @@ def measure_both(args) -> dict[str, dict]:
     """{bases: compress document}, each with the same options but the bases."""
     docs = {}
     for bases in BASES:
+        allocations = ("uniform", "greedy") + (("greedy-scaled",) if bases == "output" else ())
         options = CompressOptions(ratios=args.ratios, bases=bases, calib_size=args.calib_size,
+                                  allocations=allocations,
                                   eval_size=args.eval_size, batch_size=args.batch_size)
         began = time.perf_counter()
         docs[bases] = (compress_hf(args.hf, args.text, args.eval_text, options,
@@ -43,20 +45,23 @@ def setting(row: dict) -> str:
 
 
 def lines(docs: dict[str, dict]) -> list[str]:
-    """The table as text: one line per setting measured with both bases."""
+    """The table as text: one line per setting (greedy-scaled with output bases alone)."""
     energy, output = ({setting(r): r for r in docs[b]["rows"]} for b in BASES)
     base = docs["output"]["evaluation"]
     out = [f"model: {docs['output']['model']}",
            f"evaluation: {base.get('sequences')} sequences, {base.get('tokens')} tokens; "
            f"full-cache loss {docs['output']['rows'][0]['loss']:.4f} nats/token",
-           f"{'setting':<14}{'ratio (e/o)':>16}{'dloss energy':>14}{'dloss output':>14}"
+           f"{'setting':<20}{'ratio (e/o)':>15}{'dloss energy':>14}{'dloss output':>14}"
            f"{'energy/output':>15}  ranks (output)"]
     for name, o in output.items():
-        e = energy.get(name)
-        if name == "full" or e is None:
+        if name == "full":
             continue
-        quotient = e["delta_loss"] / o["delta_loss"] if o["delta_loss"] > 0 else float("nan")
-        out.append(f"{name:<14}{e['ratio']:>7.2f}x/{o['ratio']:>6.2f}x{e['delta_loss']:>+14.4f}"
+        e = energy.get(name)  # none for greedy-scaled: its gains need output bases
+        e_ratio, e_loss = ("-", "-") if e is None else (f"{e['ratio']:.2f}x",
+                                                        f"{e['delta_loss']:+.4f}")
+        quotient = (e["delta_loss"] / o["delta_loss"] if e is not None and o["delta_loss"] > 0
+                    else float("nan"))
+        out.append(f"{name:<20}{e_ratio:>7}/{o['ratio']:>6.2f}x{e_loss:>14}"
                    f"{o['delta_loss']:>+14.4f}{quotient:>15.2f}  {o['ranks_summary']}")
     seconds = " + ".join(f"{docs[b]['bench_seconds']:.0f} s" for b in BASES)
     out.append(f"time: {seconds} (energy + output, each one calibration and every setting)")

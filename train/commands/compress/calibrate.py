@@ -16,8 +16,9 @@ queries and the attention, values: W_O and the attention, a state's rows: what r
 them; budgets/readout.py), and keeps energy bases for the slots it supplies none for
 (cal.used says which). Output-aware gains are squared output errors per token, divided by
 the mean squared norm of the residual stream entering the layer (what the next norm
-divides by): one scale over slots and layers, which the greedy allocation compares as
-they are (cal.shares False); energy gains only as shares of their head's total.
+divides by): one scale over slots and layers (cal.one_scale), which the greedy-scaled
+allocation compares as they are; the greedy allocation compares each gain as a share of
+its head's total.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class Calibration:
     encoders: dict = field(default_factory=dict)  # output bases: E [G, K, K]; energy: None
     used: dict = field(default_factory=dict)  # slot key -> "output" | "energy"
     residual: dict = field(default_factory=dict)  # layer -> mean ||h||^2 entering it
-    shares: bool = True  # greedy by each head's shares (energy) or by the gains themselves
+    one_scale: bool = False  # every gain in squared output error per token (greedy-scaled)
     sequences: int = 0
     tokens: int = 0
     seconds: float = 0.0
@@ -160,8 +161,8 @@ def calibrate(target, tokens: torch.Tensor, batch_size: int,
                       residual={layer: total / n for layer, (total, n) in residual.items()})
     for key, st in stats.items():
         fit_basis(cal, key, st)
-    cal.shares = not getattr(target, "one_scale", False) or any(
-        used == "energy" for used in cal.used.values())
+    cal.one_scale = getattr(target, "one_scale", False) and all(
+        used == "output" for used in cal.used.values())
     cal.seconds = time.perf_counter() - start
     return cal
 

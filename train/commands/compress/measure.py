@@ -41,6 +41,22 @@ SHARED = True  # the bases are weights (module docstring)
 COST_MODEL = "shared_basis"
 
 
+def _uniform(slots, cal, ratio, nbytes, T):
+    return uniform_ranks(slots, ratio, nbytes, T, SHARED)
+
+
+def _greedy(slots, cal, ratio, nbytes, T):
+    return greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, shares=True)
+
+
+def _greedy_scaled(slots, cal, ratio, nbytes, T):
+    return greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, shares=False)
+
+
+# allocation -> its ranks for a target ratio (budgets/lowrank.py)
+ALLOCATE = {"uniform": _uniform, "greedy": _greedy, "greedy-scaled": _greedy_scaled}
+
+
 def settings(target, cal: Calibration, options: CompressOptions, T: int,
              prediction: dict | None, notes: list[str]) -> list[tuple[str, float | None, dict]]:
     """(allocation, target ratio or eps, ranks) to evaluate: the report's advice first."""
@@ -48,10 +64,14 @@ def settings(target, cal: Calibration, options: CompressOptions, T: int,
     if prediction is not None:
         out.append(("advised", None, prediction["ranks"]))
     nbytes, slots = options.nbytes, target.slots
+    allocations = list(options.allocations)
+    if "greedy-scaled" in allocations and not cal.one_scale:
+        allocations.remove("greedy-scaled")
+        notes.append("greedy-scaled: left out: its gains are not on one scale here (energy "
+                     "bases, a recurrent state or MoE's shared KV head)")
     for ratio in options.ratios:
-        for alloc in options.allocations:
-            ranks = (uniform_ranks(slots, ratio, nbytes, T, SHARED) if alloc == "uniform"
-                     else greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, cal.shares))
+        for alloc in allocations:
+            ranks = ALLOCATE[alloc](slots, cal, ratio, nbytes, T)
             if ranks is None:
                 floor = cache_bytes(slots, {s.key: [1] * s.heads for s in slots}, nbytes, T,
                                     SHARED)

@@ -21,7 +21,8 @@ from ...sizing.units import DTYPE_LONG, dtype_name
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
 KEYS = ("auto", "pre-rope", "post-rope")
-ALLOCATIONS = ("uniform", "greedy")
+ALLOCATIONS = ("uniform", "greedy", "greedy-scaled")
+DEFAULT_ALLOCATIONS = ("uniform", "greedy")
 BASES = ("output", "energy")  # output-aware (weighted by the reader) or by energy alone
 DEFAULT_RATIOS = (1.5, 2.0, 4.0, 8.0)
 DEFAULT_TOLERANCE = 0.02  # nats per token: exp(0.02) = 2% perplexity
@@ -41,7 +42,7 @@ class CompressOptions:
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
     eps: tuple[float, ...] = ()
-    allocations: tuple[str, ...] = ALLOCATIONS
+    allocations: tuple[str, ...] = DEFAULT_ALLOCATIONS
     keys: str = "auto"  # pre-rope (RoPE models' default), post-rope (the cached keys)
     bases: str = "output"  # output: errors weighted as the reader sees them; energy
     cache_dtype: str = "bfloat16"
