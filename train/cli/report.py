@@ -251,6 +251,7 @@ def _report_hf(args, out: Console) -> int:
     from budgets.hf import build_hf_report
 
     from ..render import hf_report_markdown, render_advice, render_hf_table, render_table
+    from ..render.answer import render_answer
 
     if args.plot:
         check_plot_dir(args.plot)
@@ -262,10 +263,13 @@ def _report_hf(args, out: Console) -> int:
         print(budgets.to_json(report))
     elif args.format == "md":
         print(hf_report_markdown(report), end="")
-    else:
+    elif args.details:
         out.print(render_table(report))
         out.print(render_hf_table(report))  # no training: no variant summary to show
         out.print(render_advice(report))
+    else:  # the short answer, then what each kind of layer uses (local vs global, SSM)
+        out.print(render_answer(report, "every table: the same command with --details"))
+        out.print(render_hf_table(report))
     return 0
 
 

@@ -96,9 +96,14 @@ def test_table_through_the_cli(capsys, llama_dir, text_file):
     code, out, err = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
                           "--probe-size", P)
     assert code == 0, err
-    assert "tiny-llama" in out and "past->future erank" in out
-    assert "inference: caches and states" in out and "pretrain:" in out
+    # the short answer first, then what each kind of layer uses; every table on request
+    assert out.startswith("summary: tiny-llama") and "past->future erank" in out
+    assert "per kind of layer" in out and "--details" in out
+    assert "inference: caches and states" not in out and "pretrain:" not in out
     assert "raw bytes modulo the vocab size (64)" in err  # no tokenizer saved: said so
+    code, out, _ = _cli(capsys, "--hf", llama_dir, "--text", text_file, "--seq-len", T,
+                        "--probe-size", P, "--details")
+    assert code == 0 and "inference: caches and states" in out and "pretrain:" in out
 
 
 def test_json_rows_and_caps_match_the_config(capsys, llama_dir, text_file):
