@@ -3,6 +3,7 @@ so that `rankzoo compress --hf` and `rankzoo report --hf` can be measured on tra
 when no pretrained model can be downloaded.
 
     python -m train.hf.bench_pretrain OUT_DIR --text train.txt [--layers 8] [--minutes 30]
+    python -m train.hf.bench_pretrain OUT2 --text train.txt --start OUT_DIR   # train on
 
 The layout is SmolLM-135M's per layer (hidden 576, 9 query heads over 3 KV heads of 64
 channels, RoPE, SwiGLU 1536, RMSNorm, tied embeddings); only the depth (default 8 of 30) and
@@ -28,10 +29,13 @@ LAYOUT = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
               bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-def build(layers: int, seed: int):
+def build(layers: int, seed: int, start: Path | None = None):
+    """A new model of the layout, or (start) one saved by an earlier run, to train on."""
     transformers = import_transformers()
-    config = transformers.LlamaConfig(num_hidden_layers=layers, **LAYOUT)
     torch.manual_seed(seed)
+    if start is not None:
+        return transformers.LlamaForCausalLM.from_pretrained(start)
+    config = transformers.LlamaConfig(num_hidden_layers=layers, **LAYOUT)
     return transformers.LlamaForCausalLM(config)
 
 
@@ -89,11 +93,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", type=Path, help="continue from a model this command saved")
     args = p.parse_args(argv)
     if args.out_dir.exists() and any(args.out_dir.iterdir()):
         raise SystemExit(f"out_dir={args.out_dir}: not empty; name a new or empty directory")
     data = torch.frombuffer(bytearray(args.text.read_bytes()), dtype=torch.uint8)
-    model = build(args.layers, args.seed)
+    model = build(args.layers, args.seed, args.start)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"{len(data) / 1e6:.1f} MB of text", flush=True)
     train(model, data, args)
