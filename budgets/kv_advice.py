@@ -185,16 +185,23 @@ def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict
                     f"{full} B/token; a low-rank cache of " + "; ".join(parts)
                     + f" (sum over layers; ranks: {rests_on(variant, pooled)}; cost model: "
                       f"{COST_MODELS[model][1]}); {COMPRESS}: "
-                    + compress_command(name, best_ratio({"options": options}) or None)}
+                    + compress_command(name, best_ratio({"options": options}) or None,
+                                       variant.get("probed_from"))}
 
 
-def compress_command(name: str, ratio: float | None = None) -> str:
+def compress_command(name: str, ratio: float | None = None,
+                     probed_from: dict | None = None) -> str:
     """The command that measures what the KV advice of variant `name` costs in loss
-    (train/commands/compress/__init__.py): for a run's variant, and for a Hugging Face
-    model. The sweep's ratios bracket the advised one; the advised ranks themselves are
-    always measured."""
+    (train/commands/compress/__init__.py): on a Hugging Face model the report probed
+    (probed_from: its directory and text), else for a run's variant, with the Hugging
+    Face form beside it. The sweep's ratios bracket the advised one; the advised ranks
+    themselves are always measured."""
     ratios = {1.5, 2.0, 4.0} | ({math.floor(ratio * 100) / 100} if ratio and ratio > 1 else set())
     listed = ",".join(f"{r:g}" for r in sorted(ratios))
+    if probed_from:
+        return (f"`rankzoo compress --hf {probed_from['hf']} --text {probed_from['text']} "
+                f"--eval-text EVAL --ratios {listed}` (EVAL: a text the bases are not "
+                f"fitted on)")
     return (f"`rankzoo compress RUN_DIR/{name} --ratios {listed}` (a Hugging Face model: "
             f"`rankzoo compress --hf MODEL_DIR --text CALIB --eval-text EVAL --ratios {listed}`)")
 

@@ -236,6 +236,9 @@ def _report_variant(name: str, entry: dict) -> dict:
     }
     if entry.get("status") is not None:  # how the run ended (train); advice depends on it
         variant["status"] = copy.deepcopy(entry["status"])
+    source = entry.get("source") or {}
+    if source.get("hf"):  # a Hugging Face model: the advice names commands on it
+        variant["probed_from"] = {"hf": str(source["hf"]), "text": str(source.get("text"))}
     return variant
 
 
@@ -306,7 +309,8 @@ REPORT_VARIANT = Record({"variant": str, "step": Int(0), "params": Int(0),
                          "metrics": MapOf(float), "seq_len": Int(1), "eps": float,
                          "budget_total": Int(0), "layers": ListOf(REPORT_LAYER)},
                         {"final_hidden_centered_erank": Maybe(float), "batch_size": Maybe(Int(1)),
-                         "budget": BUDGET_PARTS, "adapter_note": str, "status": STATUS})
+                         "budget": BUDGET_PARTS, "adapter_note": str, "status": STATUS,
+                         "probed_from": Record({"hf": str, "text": str})})
 CONDITIONS = Record({"eps": float, "seq_len": Int(1), "checked": bool},
                     {"batch_size": Maybe(Int(1)), "max_observed": ANY})
 ADVICE = Record({"kind": str, "text": str},

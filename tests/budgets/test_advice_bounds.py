@@ -287,10 +287,17 @@ def test_pooled_ranks_advise_one_shared_basis_counted_as_a_weight(probed):
         assert opt["bytes_per_token"] == opt["cache_bytes_per_token"] == per_token
         assert opt["ratio"] == pytest.approx(full / per_token)  # no bases per token
         assert opt["basis_bytes"] == 8 * per_token  # K = V = 8 per code: once per model
-    assert the(report, "kv_cache_summary")["cost_model"] == "shared_basis"
+    summary = the(report, "kv_cache_summary")
+    assert summary["cost_model"] == "shared_basis"
+    assert "`rankzoo compress RUN_DIR/v --ratios" in summary["text"]  # a run's variant
     assert check_advice(report) == []
     item["options"]["k"]["rank_v"][0] = 5  # below the pooled 6: the check names it
     assert any("v rank 5 of KV head 0 < 6" in bad for bad in check_advice(report))
+    # a Hugging Face model's advice names the command on that model and its text
+    hf = report_of(probed(kv=kv), source={"hf": "models/smol", "text": "calib.txt"})
+    assert hf["variants"][0]["probed_from"] == {"hf": "models/smol", "text": "calib.txt"}
+    assert ("`rankzoo compress --hf models/smol --text calib.txt --eval-text EVAL --ratios"
+            in the(hf, "kv_cache_summary")["text"])
 
 
 def test_kv_bytes_follow_the_dtype_and_the_value_width(probed):
