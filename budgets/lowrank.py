@@ -53,9 +53,10 @@ Allocations (each returns {slot key: [r per head]}):
   greedy_ranks(slots, gains, target, shares)
                                  every head from r = 1 up, one direction at a time, the
                                  one that adds the most gain per byte while the bytes fit
-                                 full / target: output-aware gains as they are (one scale
-                                 over slots and layers), energies as shares of their
-                                 head's total (shares=True: energy has no common scale)
+                                 full / target: each gain as a share of its head's total
+                                 (shares=True, compress's greedy), or as it is
+                                 (shares=False, greedy-scaled: output-aware gains on one
+                                 scale over slots and layers)
   eps_ranks(stats, eps)          per slot and head, rank_eps_pooled at eps (the report's
                                  advised figure: every calibration sequence stacked)
 """
@@ -68,7 +69,7 @@ from dataclasses import dataclass
 import torch
 
 from .kv_advice import lowrank_cache_bytes
-from .metrics import check_eps, singular_values, spectrum_metrics
+from .metrics import check_eps, gram_rank_eps, singular_values, spectrum_metrics
 from .readout import weighted_basis
 from .verdicts import DTYPE_BYTES
 
@@ -187,10 +188,10 @@ class SlotStats:
         """Per head, rank_eps of every calibration token stacked, [sum T, K]: the rank a
         basis shared by all the sequences needs (the report's rank_eps_pooled)."""
         check_eps(eps)
-        energy = self.basis()[1]  # [G, K], descending
-        shape = (self.tokens, self.slot.width)
-        ranks = spectrum_metrics(energy.sqrt(), shape, eps)["rank_eps"]
-        return [int(r) for r in ranks.tolist()]
+        if not self.tokens:
+            raise ValueError(f"slot {self.slot.kind} of layer {self.slot.layer}: no "
+                             f"calibration activations were added")
+        return [int(r) for r in gram_rank_eps(self.gram, self.tokens, eps).tolist()]
 
     def rank_eps_max(self, eps: float) -> list[int]:
         """Per head, the largest rank_eps at eps over the calibration sequences (each
@@ -328,8 +329,9 @@ def greedy_ranks(slots: list[Slot], gains: dict, target: float, nbytes: int, T: 
     """Ranks within the bytes full / target: every head starts at r = 1, then the
     direction with the largest gain per byte it costs is added, one at a time, while the
     bytes fit. None when r = 1 everywhere already exceeds them. `gains`: {slot key:
-    [G, K] descending}; shares: each gain divided by its head's total (energies), else
-    compared as they are (output-aware gains, on one scale)."""
+    [G, K] descending}; shares: each gain divided by its head's total (energies, or
+    output-aware gains, whose one scale does not follow the loss across layers), else
+    compared as they are (greedy-scaled)."""
     check_ratio(target)
     ranks = {s.key: [1] * s.heads for s in slots}
     now = cache_bytes(slots, ranks, nbytes, T, shared)

@@ -106,6 +106,13 @@ def spectrum_metrics(s: torch.Tensor, shape: tuple[int, int], eps: float = 0.1
     return {name: torch.where(alive, v, torch.zeros_like(v)) for name, v in out.items()}
 
 
+def gram_rank_eps(gram: torch.Tensor, rows: int, eps: float) -> torch.Tensor:
+    """rank_eps [G] of matrices of `rows` rows known by their Gram matrices A^T A
+    [G, K, K] (fp64): the singular values are the square roots of its eigenvalues."""
+    s = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp(min=0.0).sqrt()  # [G, K]
+    return spectrum_metrics(s, (rows, gram.shape[-1]), eps)["rank_eps"]
+
+
 def rank_metrics(A, eps: float = 0.1, center: bool = False) -> dict[str, torch.Tensor]:
     """Effective-rank metrics of A [..., m, n] -> {name: tensor [...]} (leading dims kept).
 

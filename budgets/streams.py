@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .metrics import as_matrices, singular_values, spectrum_metrics
+from .metrics import as_matrices, gram_rank_eps, singular_values, spectrum_metrics
 
 # A token of the residual stream is "massive" when its norm exceeds this multiple of the
 # layer's median token norm (pretrained LMs show ratios of 100-1000; 20 keeps clear of
@@ -43,9 +43,7 @@ def pooled_rank(A: torch.Tensor, eps: float) -> list[float]:
     cache with a calibrated basis keeps), which the per-sample ranks understate."""
     a = A.detach().double()
     gram = torch.einsum("bgtk,bgtl->gkl", a, a)  # [G, K, K]
-    s = torch.linalg.eigvalsh(gram).flip(-1).clamp(min=0.0).sqrt()  # [G, K] descending
-    shape = (A.shape[0] * A.shape[2], A.shape[-1])
-    return [float(x) for x in spectrum_metrics(s, shape, eps)["rank_eps"].cpu()]
+    return [float(x) for x in gram_rank_eps(gram, A.shape[0] * A.shape[2], eps).cpu()]
 
 
 def residual_figures(h: torch.Tensor, eps: float, ratio: float = MASSIVE_RATIO,

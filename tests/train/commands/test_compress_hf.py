@@ -65,6 +65,25 @@ def gpt2_dir(tmp_path_factory):
     return path
 
 
+def exact_at_full_rank(target: HFTarget, ids: torch.Tensor, batch: int, bases: str,
+                       exact: float, moved: float):
+    """Calibrate; every slot at full rank gives the model's loss (within `exact`), at rank
+    1 it moves it (by more than `moved`), and the surgery is undone. Returns the
+    calibration."""
+    before = target.evaluate(ids)["loss"]
+    cal = calibrate(target, ids, batch, bases)
+    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads, cal.encoders[s.key])
+         for s in target.slots}
+    with target.projected(P):
+        assert target.evaluate(ids)["loss"] == pytest.approx(before, abs=exact)
+    low = {s.key: projectors(cal.bases[s.key], [1] * s.heads, cal.encoders[s.key])
+           for s in target.slots}
+    with target.projected(low):
+        assert abs(target.evaluate(ids)["loss"] - before) > moved
+    assert target.evaluate(ids)["loss"] == before  # undone
+    return cal
+
+
 @pytest.mark.parametrize("bases", ["energy", "output"])
 @pytest.mark.parametrize("which, keys", [("llama", "pre-rope"), ("llama", "post-rope"),
                                          ("gpt2", "auto")])
@@ -72,18 +91,8 @@ def test_hf_full_rank_equals_the_original(which, keys, bases, llama_dir, gpt2_di
     model, _ = load_model(llama_dir if which == "llama" else gpt2_dir)
     target = HFTarget(model, keys)
     ids = torch.randint(0, 64, (3, 24), generator=torch.Generator().manual_seed(0))
-    before = target.evaluate(ids)["loss"]
-    cal = calibrate(target, ids, 2, bases)
+    cal = exact_at_full_rank(target, ids, 2, bases, exact=2e-6, moved=1e-5)
     assert set(cal.used.values()) == {bases}  # every slot got the bases asked for
-    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads, cal.encoders[s.key])
-         for s in target.slots}
-    with target.projected(P):
-        assert target.evaluate(ids)["loss"] == pytest.approx(before, abs=2e-6)
-    low = {s.key: projectors(cal.bases[s.key], [1] * s.heads, cal.encoders[s.key])
-           for s in target.slots}
-    with target.projected(low):
-        assert abs(target.evaluate(ids)["loss"] - before) > 1e-5
-    assert target.evaluate(ids)["loss"] == before  # undone
 
 
 def test_hf_pre_and_post_rope_projections_differ(llama_dir):
@@ -172,17 +181,7 @@ def test_full_rank_equals_the_original_on_any_layout(model_type, keys):
 
     target = HFTarget(tiny_model(model_type), keys)
     ids = torch.randint(3, 128, (3, 24), generator=torch.Generator().manual_seed(0))
-    before = target.evaluate(ids)["loss"]
-    cal = calibrate(target, ids, 3, "output")
-    P = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads, cal.encoders[s.key])
-         for s in target.slots}
-    with target.projected(P):
-        assert target.evaluate(ids)["loss"] == pytest.approx(before, abs=2e-5)
-    low = {s.key: projectors(cal.bases[s.key], [1] * s.heads, cal.encoders[s.key])
-           for s in target.slots}
-    with target.projected(low):
-        assert abs(target.evaluate(ids)["loss"] - before) > 1e-4
-    assert target.evaluate(ids)["loss"] == before  # undone
+    exact_at_full_rank(target, ids, 3, "output", exact=2e-5, moved=1e-4)
 
 
 def test_sequences_start_with_the_bos_asked_for(texts):

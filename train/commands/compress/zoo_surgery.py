@@ -144,10 +144,11 @@ class LatentCache:
         c = block.config
         q, _, v = block.project(x)  # [B, H, T, dn + dr], [B, H, T, dv]
         P = block.mixing_matrices(x)  # [B, H, T, T]
-        rho, kappa = readout_sensitivity(P, v, head_gram(block.o_proj.weight, c.n_heads))
+        M = head_gram(block.o_proj.weight, c.n_heads)  # [H, dv, dv]
+        rho, kappa = readout_sensitivity(P, v, M)
         q_nope = q[..., :c.nope_dim]  # the rope part reads the RoPE key, kept in full
         W_q = query_weight(q_nope, c.n_heads, False, rho * block.scale ** 2)  # [H, dn, dn]
-        M = head_gram(block.o_proj.weight, c.n_heads) * kappa.mean((0, 2))[:, None, None]
+        M = M * kappa.mean((0, 2))[:, None, None]  # values' fluctuations, as independent
         w_uk, w_uv = block.absorbed_weights(torch.float64)  # [H, dn, R], [H, dv, R]
         w_uk, w_uv = w_uk.cpu(), w_uv.cpu()
         latent = (torch.einsum("hdr,hde,hes->rs", w_uk, W_q, w_uk)
