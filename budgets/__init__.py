@@ -2,22 +2,22 @@
 
 budgets knows nothing of zoo or Lightning: the probes read any model whose blocks offer
 `budget`, `mixing_matrices`, `weight_matrices`, `init_cache` and `inference_state`
-(optionally `key_value_heads`; budgets.hf probes a loaded Hugging Face model the same
+(optionally `key_value_heads`; budgets.hf.probe probes a loaded Hugging Face model the same
 way). budgets measures and returns data; loading files and rendering tables are the CLI's
 (train/hf/__init__.py, train/render/__init__.py).
 """
 
-from .adapters import adapter_ranks, lowrank_singular_values
-from .advice import annotate
+from .rank.adapters import adapter_ranks, lowrank_singular_values
+from .advice.annotate import annotate
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
-from .heads import head_stats
-from .matfree import AttentionMixing, FactoredMixing, operator_metrics
-from .metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
-from .probes import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
-from .report import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
-from .spectra import product_spectrum, spectrum
-from .streams import MASSIVE_RATIO, kv_head_figures, residual_figures
-from .verdicts import VERDICTS, VerdictThresholds
+from .probe.heads import head_stats
+from .rank.matfree import AttentionMixing, FactoredMixing, operator_metrics
+from .rank.metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
+from .probe.blocks import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
+from .report.document import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
+from .rank.spectra import product_spectrum, spectrum
+from .probe.streams import MASSIVE_RATIO, kv_head_figures, residual_figures
+from .advice.verdicts import VERDICTS, VerdictThresholds
 
 __all__ = [
     "AXES",

@@ -221,7 +221,7 @@ def edges() -> list[Edge]:
 def test_the_checker_reads_the_project(edges):
     """Guards the tests below against passing on an empty graph (a wrong ROOT, say)."""
     modules = modules_of(ROOT)
-    assert {"zoo.block", "budgets.metrics", "train.cli"} <= set(modules)
+    assert {"zoo.block", "budgets.rank.metrics", "train.cli"} <= set(modules)
     assert any(e.source == "zoo.block" and e.target == "budgets" for e in edges)
 
 
@@ -322,11 +322,11 @@ def test_checker_finds_a_longer_cycle_through_subpackages(tmp_path):
 
 
 def test_checker_finds_a_planted_budgets_to_zoo_import(tmp_path):
-    files = {**CLEAN, "budgets/probes.py": "def probe():\n    import zoo.block\n",
-             "budgets/report.py": "from train.cli import main\n"}
+    files = {**CLEAN, "budgets/budget.py": "def probe():\n    import zoo.block\n",
+             "budgets/schema.py": "from train.cli import main\n"}
     bad = layer_violations(import_edges(plant(tmp_path, files)))
     assert sorted((e.where, e.target) for e in bad) == [
-        ("budgets/probes.py:2", "zoo.block"), ("budgets/report.py:1", "train.cli")]
+        ("budgets/budget.py:2", "zoo.block"), ("budgets/schema.py:1", "train.cli")]
 
 
 def test_checker_finds_zoo_importing_train(tmp_path):
@@ -337,12 +337,12 @@ def test_checker_finds_zoo_importing_train(tmp_path):
 
 
 def test_checker_finds_a_planted_private_import(tmp_path):
-    files = {**CLEAN, "budgets/probes.py": "from .metrics import _helper, rank_metrics\n",
+    files = {**CLEAN, "budgets/budget.py": "from .metrics import _helper, rank_metrics\n",
              "train/render/plots.py": "def f():\n"
                                       "    from zoo.ops.registry import Backend, _cache\n"}
     bad = private_imports(import_edges(plant(tmp_path, files)))
     assert sorted((e.where, e.target, n) for e, n in bad) == [
-        ("budgets/probes.py:1", "budgets.metrics", "_helper"),
+        ("budgets/budget.py:1", "budgets.metrics", "_helper"),
         ("train/render/plots.py:2", "zoo.ops.registry", "_cache")]
 
 

@@ -154,7 +154,7 @@ class Block(nn.Module):
     def mixing_operator(self, x: torch.Tensor
                         ) -> budgets.AttentionMixing | budgets.FactoredMixing | None:
         """The mixing matrix in a form that never holds a [T, T] tensor, for long probes
-        (budgets/matfree.py): queries and keys for softmax attention, the past->future
+        (budgets/rank/matfree.py): queries and keys for softmax attention, the past->future
         block's low-rank factors for linear attention and SSMs; None for a block that has
         no such form (the probe then materializes mixing_matrices)."""
         self.check_input(x)

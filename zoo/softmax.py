@@ -141,7 +141,7 @@ class SoftmaxAttention(Block):
         return budgets.AttentionMixing(q, k, 1 / math.sqrt(self.config.k_dim), self.window)
 
     def key_value_heads(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """An optional probe method (not the contract; budgets.probes measures it when a
+        """An optional probe method (not the contract; budgets.probe.blocks measures it when a
         block has it): per KV head, in fp32 on the reference path, the keys "k" [B, G, T, K]
         and values "v" [B, G, T, V] a prefill of x caches, and with RoPE the keys before
         it, "k_pre_rope" (the projection's output, what low-rank KV methods compress)."""

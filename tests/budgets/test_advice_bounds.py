@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from budgets import VerdictThresholds, annotate, build_report, probe_model
-from budgets.advice import check_advice
-from budgets.verdicts import is_flat
+from budgets.advice.annotate import check_advice
+from budgets.advice.verdicts import is_flat
 
 T, B = 32, 4
 

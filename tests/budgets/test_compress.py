@@ -1,10 +1,10 @@
-"""budgets/lowrank.py: bases from activations, projections, bytes, rank allocation."""
+"""train/commands/compress/lowrank.py: bases from activations, projections, bytes, rank allocation."""
 
 import pytest
 import torch
 
-from budgets.kv_advice import kv_option
-from budgets.lowrank import (
+from budgets.advice.kv import kv_option
+from train.commands.compress.lowrank import (
     Slot,
     SlotStats,
     cache_bytes,
@@ -18,7 +18,7 @@ from budgets.lowrank import (
     slot_bytes,
     uniform_ranks,
 )
-from budgets.streams import kv_head_figures
+from budgets.probe.streams import kv_head_figures
 
 B, G, T, K = 3, 2, 40, 8
 
@@ -85,7 +85,7 @@ def test_kv_bytes_by_hand_and_as_the_report_counts_them():
     assert got["full_bytes_per_token"] == full
     assert got["bytes_per_token"] == pytest.approx(per_token + basis / 32)  # 40 B
     assert got["ratio"] == pytest.approx(full / 40)
-    # the same figure as the report's kv advice for layer 0 (budgets/kv_advice.py)
+    # the same figure as the report's kv advice for layer 0 (budgets/advice/kv.py)
     kv = {"n_kv_heads": 2, "head_dim": 8, "v_head_dim": 8, "k": {"rank_eps_max": [3, 2]},
           "v": {"rank_eps_max": [4, 1]}}
     layer0 = cache_bytes(slots[:2], ranks, 2, 32)

@@ -1,4 +1,4 @@
-"""The capture of any transformers causal LM (budgets/hf_capture.py, budgets/hf_weights.py):
+"""The capture of any transformers causal LM (budgets/hf/capture.py, budgets/hf/projections.py):
 on tiny random models of many types (train/hf/tiny.py, built offline), the captured P
 and the model's logits equal eager attention's, the projections found reproduce the
 captured keys, queries and values, and the probe runs on both paths."""
@@ -11,9 +11,9 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
-from budgets.hf import probe_hf_model  # noqa: E402
-from budgets.hf_capture import AttentionCall, attend, capture  # noqa: E402
-from budgets.hf_weights import discover  # noqa: E402
+from budgets.hf.probe import probe_hf_model  # noqa: E402
+from budgets.hf.capture import AttentionCall, attend, capture  # noqa: E402
+from budgets.hf.projections import discover  # noqa: E402
 from train.hf.tiny import ATTENTION_TYPES, VOCAB, tiny_model  # noqa: E402
 
 B, T = 2, 24
@@ -96,7 +96,7 @@ def test_attention_in_blocks_of_rows_equals_one_block(monkeypatch):
                          sinks=torch.randn(4, generator=g, dtype=torch.float64))
     whole = attend(call, keep_probs=True)
     P = call.probs
-    monkeypatch.setattr("budgets.hf_capture.CHUNK_ELEMENTS", 2 * 4 * 16 * 3)  # 3 rows a block
+    monkeypatch.setattr("budgets.hf.capture.CHUNK_ELEMENTS", 2 * 4 * 16 * 3)  # 3 rows a block
     torch.testing.assert_close(attend(call, keep_probs=True), whole)
     torch.testing.assert_close(call.probs, P)
     # an independent fp64 reference: logits, soft-cap, the band mask, the sink column

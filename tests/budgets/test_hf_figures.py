@@ -1,4 +1,4 @@
-"""The HF probe's per-head, residual-stream and per-KV-head figures (budgets.hf), on tiny
+"""The HF probe's per-head, residual-stream and per-KV-head figures (budgets.hf.probe), on tiny
 random models built in memory (nothing downloaded), exact and matrix-free."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
 from budgets import rank_metrics  # noqa: E402
-from budgets.hf import probe_hf_model  # noqa: E402
+from budgets.hf.probe import probe_hf_model  # noqa: E402
 
 B, T, H, G, K, D = 2, 64, 4, 2, 8, 32
 FIGURES = ("past_future_lengths", "heads", "residual", "kv_heads")

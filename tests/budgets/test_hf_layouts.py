@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from budgets import attention_budget
-from budgets.hf_layouts import Geometry, declared_budget, window_of
+from budgets.hf.geometry import Geometry, declared_budget, window_of
 
 
 def _config(**extra):

@@ -1,4 +1,4 @@
-"""The matrix-free probe of Hugging Face models (budgets.hf): the same ranks as the exact
+"""The matrix-free probe of Hugging Face models (budgets.hf.probe): the same ranks as the exact
 path, without a [T, T] tensor, the model's attention implementation restored afterwards.
 
 Tiny random models are built in memory from configs: nothing is downloaded or saved. The
@@ -13,11 +13,11 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
-import budgets.hf  # noqa: E402
-import budgets.hf_capture  # noqa: E402
-import budgets.matfree  # noqa: E402
-from budgets.hf import ProbeProgress, probe_hf_model  # noqa: E402
-from budgets.hf_capture import CAPTURE_ATTENTION  # noqa: E402
+import budgets.hf.probe  # noqa: E402
+import budgets.hf.capture  # noqa: E402
+import budgets.rank.matfree  # noqa: E402
+from budgets.hf.probe import ProbeProgress, probe_hf_model  # noqa: E402
+from budgets.hf.capture import CAPTURE_ATTENTION  # noqa: E402
 
 B, T, H, G, K, D = 2, 64, 4, 2, 8, 32
 MIXING = ("past_future", "mixing", "mixing_centered")
@@ -56,7 +56,7 @@ def test_matfree_ranks_equal_the_exact_path(family):
     model, ids = _model(family), _ids()
     exact, loss_exact = probe_hf_model(model, ids, matfree_from=None)
     free, loss_free = probe_hf_model(model, ids, matfree_from=16)
-    assert free["matfree"] == {"from": 16, "k_max": budgets.matfree.K_MAX}
+    assert free["matfree"] == {"from": 16, "k_max": budgets.rank.matfree.K_MAX}
     assert "matfree" not in exact
     assert loss_free == pytest.approx(loss_exact, rel=1e-5)  # SDPA's output, not eager's
     assert free["final_hidden"]["erank"] == pytest.approx(exact["final_hidden"]["erank"],
@@ -76,7 +76,7 @@ def test_matfree_ranks_equal_the_exact_path(family):
 def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
     # chunks of 8 query rows and at most 16 singular values sought: at T = 64 a whole block
     # would fit in one chunk, and a subspace of k = T vectors would be T x T as well
-    monkeypatch.setattr(budgets.matfree, "CHUNK_ELEMENTS", B * H * T * 8)
+    monkeypatch.setattr(budgets.rank.matfree, "CHUNK_ELEMENTS", B * H * T * 8)
     shapes = []
 
     class Spy(torch.overrides.TorchFunctionMode):
@@ -86,13 +86,13 @@ def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
                 shapes.append(tuple(out.shape))
             return out
 
-    measure = budgets.hf.mixing_figures_matfree
+    measure = budgets.hf.probe.mixing_figures_matfree
 
     def spied(*args, **kwargs):
         with Spy():
             return measure(*args, **kwargs)
 
-    monkeypatch.setattr(budgets.hf, "mixing_figures_matfree", spied)
+    monkeypatch.setattr(budgets.hf.probe, "mixing_figures_matfree", spied)
     calls, weights = [], []
     hooks = [llama.register_forward_pre_hook(lambda m, a, kw: calls.append(kw),
                                              with_kwargs=True)]
@@ -112,7 +112,7 @@ def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
 
 
 def test_attention_implementation_restored_when_the_probe_fails(llama):
-    functions = budgets.hf_capture.transformers_attention()[0]
+    functions = budgets.hf.capture.transformers_attention()[0]
 
     def fail(p: ProbeProgress) -> None:
         raise RuntimeError("stop after the first layer")
@@ -129,8 +129,8 @@ def test_attention_implementation_restored_when_the_probe_fails(llama):
 def test_only_the_layers_asked_for_are_measured(monkeypatch, llama, matfree_from):
     measured = []
     for name in ("mixing_figures", "mixing_figures_matfree"):
-        original = getattr(budgets.hf, name)
-        monkeypatch.setattr(budgets.hf, name, lambda *a, f=original, **kw: (
+        original = getattr(budgets.hf.probe, name)
+        monkeypatch.setattr(budgets.hf.probe, name, lambda *a, f=original, **kw: (
             measured.append(1), f(*a, **kw))[1])
     steps = []
     probe, _ = probe_hf_model(llama, _ids(), matfree_from=matfree_from, layers=[1],

@@ -1,4 +1,4 @@
-"""The SSD mixing of Mamba-2-family mixers and Mamba-1 selective scans (budgets/hf_ssm.py),
+"""The SSD mixing of Mamba-2-family mixers and Mamba-1 selective scans (budgets/hf/scans.py),
 captured from the scan calls of tiny random mamba2, bamba, falcon_h1 and mamba models
 (train/hf/tiny.py, offline): the
 rebuilt mixing gives the scan's output, equals an independent recurrence, and is probed
@@ -12,8 +12,8 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
-from budgets.hf import probe_hf_model  # noqa: E402
-from budgets.hf_ssm import (  # noqa: E402
+from budgets.hf.probe import probe_hf_model  # noqa: E402
+from budgets.hf.scans import (  # noqa: E402
     ScanCall,
     capture_scans,
     factored_mixing,

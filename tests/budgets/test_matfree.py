@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from budgets.matfree import AttentionOperator, CenteredOperator, LowRank, operator_metrics
-from budgets.metrics import rank_metrics
+from budgets.rank.matfree import AttentionOperator, CenteredOperator, LowRank, operator_metrics
+from budgets.rank.metrics import rank_metrics
 
 
 def causal_probs(q, k, scale, window=None):
@@ -90,7 +90,7 @@ def test_erank_only_where_the_whole_spectrum_was_seen():
 
 def test_products_never_hold_a_T_by_T_tensor(monkeypatch):
     """With small chunks the largest tensor an operator makes is [B, H, chunk, T]."""
-    import budgets.matfree as mf
+    import budgets.rank.matfree as mf
     monkeypatch.setattr(mf, "CHUNK_ELEMENTS", 2 * 4 * 16 * 256)
     q, k = heads(T=256)
     op = AttentionOperator(q, k, 0.5)

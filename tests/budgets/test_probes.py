@@ -16,7 +16,7 @@ from budgets import (
     probeable_blocks,
     rank_metrics,
 )
-from budgets.probes import prefix_lengths
+from budgets.probe.blocks import prefix_lengths
 
 H, K, D, T = 2, 4, 12, 10  # the conftest model's heads, head dim, width; the batch's length
 

@@ -1,10 +1,10 @@
-"""budgets/readout.py: the weights of output-aware bases and the basis they give."""
+"""train/commands/compress/readout.py: the weights of output-aware bases and the basis they give."""
 
 import pytest
 import torch
 
-from budgets.lowrank import projectors
-from budgets.readout import (
+from train.commands.compress.lowrank import projectors
+from train.commands.compress.readout import (
     head_gram,
     pair_weight,
     query_weight,

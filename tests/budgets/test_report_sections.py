@@ -9,8 +9,8 @@ import json
 import pytest
 
 from budgets import RankBudget, VerdictThresholds, annotate, build_report, load_report, to_json
-from budgets.classify import HeadRules, classify_head, summary
-from budgets.report import PART_OF_AXIS, RANK_RECORD
+from budgets.advice.head_classes import HeadRules, classify_head, summary
+from budgets.report.document import PART_OF_AXIS, RANK_RECORD
 from budgets.schema import check
 
 RULES = HeadRules()

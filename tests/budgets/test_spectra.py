@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import budgets
-from budgets.spectra import METHODS, product_spectrum, spectrum
+from budgets.rank.spectra import METHODS, product_spectrum, spectrum
 
 
 def planted(batch: int, m: int, n: int, s: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -83,5 +83,5 @@ def test_empty_matrix_has_an_empty_spectrum():
 @pytest.mark.parametrize("shape", [(8, 8), (256, 256), (300, 128), (1024, 1024)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_route_follows_the_dtype(shape):
-    assert budgets.spectra.choose_method(torch.empty(*shape)) == "gram"
-    assert budgets.spectra.choose_method(torch.empty(*shape, dtype=torch.float64)) == "svd"
+    assert budgets.rank.spectra.choose_method(torch.empty(*shape)) == "gram"
+    assert budgets.rank.spectra.choose_method(torch.empty(*shape, dtype=torch.float64)) == "svd"

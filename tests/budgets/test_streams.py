@@ -1,4 +1,4 @@
-"""The residual stream and the per-KV-head keys and values (budgets/streams.py), alone and
+"""The residual stream and the per-KV-head keys and values (budgets/probe/streams.py), alone and
 through probe_model on fakes that keep the block contract (tests/budgets/conftest.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from budgets import probe_model, rank_metrics
-from budgets.probes import residual_owner
-from budgets.streams import MASSIVE_LIMIT, kv_head_figures, residual_figures
+from budgets.probe.blocks import residual_owner
+from budgets.probe.streams import MASSIVE_LIMIT, kv_head_figures, residual_figures
 
 
 def _stream(B=3, T=16, D=12, seed=0) -> torch.Tensor:

@@ -11,7 +11,7 @@ from budgets import (
     load_report,
     to_json,
 )
-from budgets.verdicts import axis_verdict, is_collapsed
+from budgets.advice.verdicts import axis_verdict, is_collapsed
 from train.render import render_advice, to_markdown
 
 TH = VerdictThresholds()

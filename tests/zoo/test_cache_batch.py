@@ -7,7 +7,7 @@ import torch
 
 import zoo
 
-from .test_contract import make_block, make_x
+from tests.zoo.test_contract import make_block, make_x
 
 NAMES = zoo.names()
 

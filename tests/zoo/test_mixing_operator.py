@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import budgets
-import budgets.matfree as matfree
+import budgets.rank.matfree as matfree
 import zoo
-from budgets.probes import measure_mixing, measure_mixing_matfree
+from budgets.probe.blocks import measure_mixing, measure_mixing_matfree
 
-from .conftest import Shapes
+from tests.zoo.conftest import Shapes
 
 CASES = {
     "mha": ("softmax", {}),

@@ -248,7 +248,7 @@ def _plot(run_dir: str, report: dict, out_dir: str) -> None:
 
 def _report_hf(args, out: Console) -> int:
     import budgets
-    from budgets.hf import build_hf_report
+    from budgets.hf.probe import build_hf_report
 
     from ..render import hf_report_markdown, render_advice, render_hf_table, render_table
     from ..render.answer import render_answer

@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 import budgets
-from budgets.matfree import K_MAX
+from budgets.rank.matfree import K_MAX
 from zoo.ops.registry import BackendUnavailable
 
 from ..config import Experiment, variant_targets

@@ -34,7 +34,7 @@ from budgets.schema import Int, MapOf, Maybe, Number, Record, read_json
 INSTALL_HINT = "pip install 'rankzoo[hf]'"
 GGUF_SUFFIX = ".gguf"
 # The fields of a model's config.json and an adapter's adapter_config.json that rankzoo
-# reads (budgets/hf_layouts.py's Geometry, the LoRA caps), checked before anything loads.
+# reads (budgets/hf/geometry.py's Geometry, the LoRA caps), checked before anything loads.
 HF_SIZES = ("num_attention_heads", "hidden_size", "num_hidden_layers", "num_key_value_heads",
             "head_dim", "vocab_size", "max_position_embeddings", "n_head", "n_embd", "n_layer",
             "n_positions")

@@ -1,7 +1,7 @@
-"""The rank-budget probe of a Hugging Face model on a text (budgets/hf.py measures).
+"""The rank-budget probe of a Hugging Face model on a text (budgets/hf/probe.py measures).
 
     name, entry = probe_hf("models/tiny-llama", "corpus.txt", seq_len=128, probe_size=4)
-    report = budgets.hf.build_hf_report(name, entry)      # or hf_report(...) for both
+    report = budgets.hf.probe.build_hf_report(name, entry)      # or hf_report(...) for both
 
 The model comes from train/hf/model_dir.py and is moved to the device; budgets measures
 there. The probe batch is cut from the start of a text file, tokenized by the model's own
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from budgets.hf import ProbeProgress, build_hf_report, probe_hf_model
-from budgets.hf_layouts import Geometry
-from budgets.probes import MATFREE_FROM
+from budgets.hf.probe import ProbeProgress, build_hf_report, probe_hf_model
+from budgets.hf.geometry import Geometry
+from budgets.probe.blocks import MATFREE_FROM
 
 from .model_dir import (
     adapter_dir,
@@ -130,7 +130,7 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     """(variant name, build_report entry) of the model saved in `model_dir` (with the PEFT
     adapter saved in `adapter` applied, if given), probed on the start of the file `text`,
     on `device` ("cpu", "cuda", "auto") with the forward pass in `dtype` (a DTYPES name).
-    `layers`, `matfree_from`, `k_max` and `progress` are budgets.hf.probe_hf_model's.
+    `layers`, `matfree_from`, `k_max` and `progress` are budgets.hf.probe.probe_hf_model's.
     Each sequence starts with the tokenizer's BOS where it adds one, unless not `bos`.
     Lines for the user (e.g. no tokenizer saved) are appended to `notes`."""
     model_dir = Path(model_dir)

@@ -54,7 +54,7 @@ OTHER_MIXERS = {
     "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                  head_dim=None),
 }
-# the hybrids and SSMs above: their mixing is an SSD or selective scan (budgets/hf_ssm.py)
+# the hybrids and SSMs above: their mixing is an SSD or selective scan (budgets/hf/scans.py)
 SSM_TYPES = ("mamba2", "bamba", "falcon_h1", "mamba")
 ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
 

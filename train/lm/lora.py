@@ -5,7 +5,7 @@
 
 A LoRALinear keeps the pretrained Linear as `base` (frozen) and adds a trainable pair
 A [r, in] and B [out, r], B zero so the adapted model starts as the pretrained one. It
-exposes `lora_A`, `lora_B` and a float `scaling`: budgets/adapters.py finds it by duck
+exposes `lora_A`, `lora_B` and a float `scaling`: budgets/rank/adapters.py finds it by duck
 typing and measures the rank of scaling * B A exactly.
 
 Why `weight` is the *merged* matrix W0 + scaling * B A. The zoo blocks call their

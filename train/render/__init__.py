@@ -17,7 +17,7 @@ without it. The columns are explained in docs/METRICS.md.
 
 from __future__ import annotations
 
-from budgets.report import PART_OF_AXIS, PARTS
+from budgets.report.document import PART_OF_AXIS, PARTS
 
 from .advice import advice_markdown, advice_text, conditions_text, render_advice
 from .document import hf_report_markdown, render_table, report_markdown, to_markdown

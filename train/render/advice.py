@@ -1,5 +1,5 @@
 """The report's advice and findings: what budgets concluded from the figures
-(budgets/advice.py), each advised bound with the conditions it was checked under.
+(budgets/advice/annotate.py), each advised bound with the conditions it was checked under.
 
     out.print(render_advice(report)); Path("report.md").write_text(advice_markdown(report))
 

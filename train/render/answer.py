@@ -18,10 +18,10 @@ from dataclasses import asdict
 from rich.console import Group
 from rich.text import Text
 
-from budgets.advice import solved
-from budgets.kv_advice import KEY_LABEL
-from budgets.report import PARTS
-from budgets.verdicts import VerdictThresholds
+from budgets.advice.annotate import solved
+from budgets.advice.kv import KEY_LABEL
+from budgets.report.document import PARTS
+from budgets.advice.verdicts import VerdictThresholds
 
 from .advice import advice_text, check_style
 from .parts import part_of

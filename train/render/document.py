@@ -15,7 +15,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from budgets.report import PARTS
+from budgets.report.document import PARTS
 
 from .advice import advice_markdown
 from .answer import answer_markdown

@@ -2,7 +2,7 @@
 
     out.print(render_heads(report)); Path("report.md").write_text(heads_markdown(report))
 
-The classes and the rules that assign them are budgets/classify.py's; the report carries
+The classes and the rules that assign them are budgets/advice/head_classes.py's; the report carries
 each head's class and the rules in words (`head_rules`), and this section only counts.
 """
 
@@ -12,7 +12,7 @@ from collections import Counter
 
 from rich.table import Table
 
-from budgets.classify import HEAD_CLASSES as RULE_ORDER
+from budgets.advice.head_classes import HEAD_CLASSES as RULE_ORDER
 
 from .table import Column, TableSpec, to_markdown, to_rich
 

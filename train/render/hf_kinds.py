@@ -1,6 +1,6 @@
 """The per-kind section of a Hugging Face report: its layers grouped by kind (sliding
 window W, global, NoPE, experts after them), realized against their kind's caps, beside
-the zoo block that declares the same caps (budgets/hf_kinds.py builds the rows).
+the zoo block that declares the same caps (budgets/report/kinds.py builds the rows).
 
     spec = kinds_spec(report)        # None for a report without kinds
 """

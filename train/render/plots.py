@@ -177,7 +177,7 @@ def _spectrum_line(ax, spectra, color) -> None:
 # ---------------------------------------------------------------- rank over training
 
 def _layer_mean(layer: dict, quantity: str, metric: str) -> float | None:
-    # None: a head whose erank the matrix-free probe could not decide (budgets/matfree.py)
+    # None: a head whose erank the matrix-free probe could not decide (budgets/rank/matfree.py)
     values = [v for v in layer["quantities"].get(quantity, {}).get(metric, []) if v is not None]
     return sum(values) / len(values) if values else None
 

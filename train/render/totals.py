@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from budgets.report import PART_OF_AXIS, PARTS
+from budgets.report.document import PART_OF_AXIS, PARTS
 
 from .table import Column, TableSpec, to_markdown, to_rich
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import budgets
-from budgets.report import RANK_RECORD
+from budgets.report.document import RANK_RECORD
 from budgets.schema import check, read_text, same_lengths
 
 from ..config.sections import DataConfig, parse_section
@@ -39,7 +39,7 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 def rank_records(path: Path) -> list[dict]:
     """Every record of a ranks.jsonl file, in order, each checked against the probe
-    record's schema (budgets.report.RANK_RECORD); a corrupt line is named by number."""
+    record's schema (budgets.report.document.RANK_RECORD); a corrupt line is named by number."""
     records = []
     for number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():

@@ -4,7 +4,7 @@
     parse_bytes("256KiB") -> 262144;   format_bytes(262144) -> "256 KiB"
     parse_count("1.5B", "--params-budget") -> 1500000000;  format_count(3.02e8) -> "302M"
 
-Byte sizes per dtype come from budgets' table (budgets/verdicts.py), the one source the
+Byte sizes per dtype come from budgets' table (budgets/advice/verdicts.py), the one source the
 report's advice uses too. A bad value is a ValueError naming the flag and the value.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from budgets.verdicts import DTYPE_BYTES as VERDICT_DTYPE_BYTES
+from budgets.advice.verdicts import DTYPE_BYTES as VERDICT_DTYPE_BYTES
 
 # the short names people write -> the names of budgets' byte table (the one source of sizes)
 DTYPE_LONG = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8",

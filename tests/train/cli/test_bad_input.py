@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from .test_fuzz import run_cli
+from tests.train.cli.test_fuzz import run_cli
 
 PICK = ["pick", "--d-model", "32", "--n-heads", "2", "--n-layers", "2", "--seq-len", "16"]
 

@@ -7,7 +7,7 @@ import yaml
 
 from train.cli import main
 
-from ..conftest import MQA, tiny_experiment
+from tests.train.conftest import MQA, tiny_experiment
 
 TINY = tiny_experiment(
     data={"train_size": 64, "val_size": 16}, model={"n_layers": 2}, variants={"mqa": MQA},

@@ -40,8 +40,8 @@ from hypothesis import strategies as st
 import zoo
 from train.cli import COMMANDS, main
 
-from ..conftest import tiny_experiment
-from ..conftest import write_run as write_run_dir
+from tests.train.conftest import tiny_experiment
+from tests.train.conftest import write_run as write_run_dir
 
 FAST = settings(max_examples=50, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))

@@ -25,7 +25,7 @@ from train.experiment.stages import train_experiment
 from train.render.advice import advice_markdown, advice_text
 from train.rundir.read import load_run
 
-from ..conftest import tiny_experiment, write_run
+from tests.train.conftest import tiny_experiment, write_run
 
 QUIET = Console(quiet=True)
 

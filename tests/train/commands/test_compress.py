@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import budgets
-from budgets.lowrank import full_ranks, projectors
+from train.commands.compress.lowrank import full_ranks, projectors
 from train.cli import main
 from train.commands.compress import CompressOptions, compress_run
 from train.commands.compress.calibrate import calibrate, disjoint_rows, zoo_data
@@ -26,7 +26,7 @@ from train.lm.decoder import DecoderLM, build_model
 from train.rundir.files import write_yaml
 from train.rundir.read import load_run
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 VOCAB = 16
 FAMILIES = {

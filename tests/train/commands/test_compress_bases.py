@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from budgets.lowrank import full_ranks, projectors
+from train.commands.compress.lowrank import full_ranks, projectors
 from train.commands.compress import CompressOptions
 from train.commands.compress.calibrate import calibrate
 from train.commands.compress.zoo_surgery import ZooTarget
 from train.lm.decoder import DecoderLM
 
-from .test_compress import FAMILIES, tiny, tokens
+from tests.train.commands.test_compress import FAMILIES, tiny, tokens
 
 
 def distilled_delta(model: DecoderLM, bases: str, r: int, seed: int) -> float:
@@ -68,7 +68,7 @@ def block_outputs(model: DecoderLM, x: torch.Tensor) -> dict[int, torch.Tensor]:
 @pytest.mark.parametrize("family", ["mha", "gqa-norope", "window", "mla"])
 def test_output_gains_predict_the_blocks_output_error_on_one_scale(family):
     # the gains a slot drops at rank r, times its layer's residual energy, are the squared
-    # error the block's output takes per token (budgets/readout.py, to first order):
+    # error the block's output takes per token (train/commands/compress/readout.py, to first order):
     # keys, values and latents on one scale, which the greedy allocation compares
     block, kwargs = FAMILIES[family]
     model = sharp(0, block, kwargs)

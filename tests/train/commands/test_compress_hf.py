@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="compress --hf needs transformers (pip install 'rankzoo[hf]')")
 
-from budgets.lowrank import projectors  # noqa: E402
+from train.commands.compress.lowrank import projectors  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
 from train.commands.compress.calibrate import calibrate, disjoint_rows, hf_data  # noqa: E402

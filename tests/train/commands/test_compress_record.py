@@ -19,7 +19,7 @@ from train.lm.decoder import build_model
 from train.rundir.lock import hold_run_dir
 from train.rundir.read import run_config
 
-from ..conftest import tiny_experiment, write_run
+from tests.train.conftest import tiny_experiment, write_run
 
 FAST = ("--ratios", "2", "--alloc", "uniform", "--calib-size", "4")
 

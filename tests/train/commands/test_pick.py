@@ -22,7 +22,7 @@ from train.experiment.plan import plan_document
 from train.sizing.families import Shape
 from train.sizing.units import parse_bytes, parse_count
 
-from ..conftest import write_run
+from tests.train.conftest import write_run
 
 D, H, L, T = 64, 4, 2, 256
 KiB = 1024

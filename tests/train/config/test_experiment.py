@@ -4,7 +4,7 @@ import pytest
 
 from train.config import apply_override, load_experiment
 
-from ..conftest import MQA, tiny_experiment
+from tests.train.conftest import MQA, tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = tiny_experiment(  # the sizes, train and monitor sections left at their defaults

@@ -4,7 +4,7 @@ than the same model trained on rank-32 data.
 
 Both runs go through the real harness (parse_experiment -> train_experiment), identical
 but for data.rank. The measure is the centered effective rank (Roy & Vetterli erank of
-the token states minus their mean, budgets.metrics) of the hidden states the LM head
+the token states minus their mean, budgets.rank.metrics) of the hidden states the LM head
 reads, on 64 validation sequences (2048 tokens, 64x d_model rows). The value-path ranks
 from the run's report are checked to be there beside it, not compared.
 
@@ -18,13 +18,13 @@ import math
 import torch
 from rich.console import Console
 
-from budgets.metrics import rank_metrics
+from budgets.rank.metrics import rank_metrics
 from train.config import parse_experiment
 from train.data import make_splits
 from train.experiment.stages import train_experiment
 from train.harness.module import LMModule
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 STEPS = 200
 MARGIN = 1.5  # erank(r=32) - erank(r=4) was >= 3.2 on seeds 0-2; half of that, to spare

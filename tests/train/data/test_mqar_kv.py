@@ -10,7 +10,7 @@ from train.config import load_experiment, parse_experiment
 from train.data import IGNORE, MQARSpec, make_mqar, make_mqar_val, make_splits
 from train.harness.module import LMModule
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 RAW = tiny_experiment(  # the train and monitor sections left at their defaults
     name="t", seed=1, train=None, monitor=None,

@@ -17,7 +17,7 @@ from train.experiment.preflight import (
 )
 from train.lm.decoder import build_model
 
-from ..conftest import merged, tiny_experiment
+from tests.train.conftest import merged, tiny_experiment
 
 FINETUNE = {"ranks": [1, 2], "targets": ["q_proj", "v_proj"],
             "data": {**tiny_experiment()["data"], "permute_seed": 1},

@@ -3,7 +3,7 @@
 Fast: a full disk while a checkpoint is written (the write primitive made to fail, as a
 full filesystem fails it) is one line and exit 2, keeps the last good checkpoint, and a
 resume once space is back ends as the uninterrupted run; so does an interrupt while a
-report is written. Slow (-m slow): the whole fault table of train/experiment/bench_faults.py,
+report is written. Slow (-m slow): the whole fault table of benches/train/experiment/bench_faults.py,
 every kill point under SIGKILL and SIGINT, and DDP on 2 CPU processes."""
 
 import errno
@@ -16,7 +16,7 @@ import torch
 
 import train.rundir.files as files
 from train.cli import main
-from train.experiment.bench_faults import (
+from benches.train.experiment.bench_faults import (
     POINTS,
     SIGNALS,
     TINY,

@@ -19,7 +19,7 @@ from train.harness.module import build_model
 from train.harness.optim import build_optimizer
 from train.lm.lora import LoRALinear, attach_lora, lora_parameters
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 DATA = {**tiny_experiment()["data"], "train_size": 64, "val_size": 16, "batch_size": 16}
 BASE = tiny_experiment(

@@ -25,7 +25,7 @@ from train.experiment.preflight import (
 )
 from train.lm.decoder import build_model
 
-from ..conftest import merged, tiny_experiment
+from tests.train.conftest import merged, tiny_experiment
 
 TINY = tiny_experiment(
     data={"vocab_size": 16, "batch_size": 4}, model={"n_layers": 2},

@@ -10,7 +10,7 @@ from rich.console import Console
 from train.config import parse_experiment
 from train.experiment.stages import train_experiment
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 QUIET = Console(quiet=True)
 RAW = tiny_experiment(

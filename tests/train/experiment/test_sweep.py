@@ -10,7 +10,7 @@ from train.config import parse_experiment
 from train.experiment.sweep import best_runs, summarize
 from train.render.sweep import sweep_markdown, sweep_table
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 
 def raw_experiment(**sweep):

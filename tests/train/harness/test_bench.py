@@ -1,10 +1,10 @@
-"""Smoke test of `python -m train.harness.bench_monitor monitor` (not a timed test)."""
+"""Smoke test of `python -m benches.train.harness.bench_monitor monitor` (not a timed test)."""
 
 import re
 
-from train.harness.bench_monitor import main
+from benches.train.harness.bench_monitor import main
 
-from ..conftest import MQA, tiny_experiment
+from tests.train.conftest import MQA, tiny_experiment
 
 RAW = tiny_experiment(  # warmup, checkpoints and histograms left at their defaults
     name="b", data={"train_size": 64, "val_size": 16}, variants={"mqa": MQA},

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 

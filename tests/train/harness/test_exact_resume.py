@@ -35,7 +35,7 @@ import train.harness.module as module_py
 from train.cli import main
 from train.rundir.status import read_status
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = tiny_experiment(

@@ -24,7 +24,7 @@ from train.harness.module import LMModule, NonFiniteLoss
 from train.harness.optim import Combined, build_optimizer, muon_params
 from train.sizing.match import count_params, matched_widths
 
-from ..conftest import MQA, merged, tiny_experiment
+from tests.train.conftest import MQA, merged, tiny_experiment
 
 BASE = tiny_experiment(name="h", variants={"mqa": MQA}, train={"checkpoint_every_n_steps": 2})
 

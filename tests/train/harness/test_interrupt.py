@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..cli.test_fuzz import run_cli, snapshot
-from ..conftest import tiny_experiment
+from tests.train.cli.test_fuzz import run_cli, snapshot
+from tests.train.conftest import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 LONG = tiny_experiment(

@@ -14,7 +14,7 @@ import torch
 
 from train.cli import main
 
-from ..conftest import tiny_experiment
+from tests.train.conftest import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 EVERY = 5

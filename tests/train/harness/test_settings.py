@@ -21,7 +21,7 @@ from train.config.sections import ACCELERATORS, PRECISIONS, STRATEGIES, device_r
 from train.experiment.stages import train_experiment
 from train.rundir.status import read_status
 
-from ..conftest import tiny_markov
+from tests.train.conftest import tiny_markov
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = tiny_markov("settings", checkpoint_every=3)

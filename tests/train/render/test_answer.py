@@ -3,7 +3,7 @@ the ones that change a model first."""
 
 from __future__ import annotations
 
-from budgets.verdicts import VerdictThresholds
+from budgets.advice.verdicts import VerdictThresholds
 from train.render.answer import answer_markdown, budget_line, headline, outcome, top_advice
 
 TH = VerdictThresholds()

@@ -24,7 +24,7 @@ from train.render.plots import (
     write_plots,
 )
 
-from .test_render import make_report, old_format
+from tests.train.render.test_render import make_report, old_format
 
 QUANTITIES = ("mixing_centered", "past_future", "qk", "value")
 BUDGET = {"block": "softmax", "seq_len": 64, "n_heads": 16, "mixing": 32, "logits": 8,

@@ -22,7 +22,7 @@ from train.rundir.lock import (
     writer,
 )
 
-from ..conftest import tiny_experiment, write_run
+from tests.train.conftest import tiny_experiment, write_run
 
 
 class Holder:

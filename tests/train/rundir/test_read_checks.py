@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ..cli.test_fuzz import run_cli
-from ..conftest import tiny_experiment, write_run
+from tests.train.cli.test_fuzz import run_cli
+from tests.train.conftest import tiny_experiment, write_run
 
 
 @pytest.fixture

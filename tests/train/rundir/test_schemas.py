@@ -16,8 +16,8 @@ from train.config import load_experiment
 from train.hf import adapter_dir, model_type_of
 from train.rundir.files import read_yaml
 
-from ..conftest import MQA, tiny_experiment
-from ..conftest import write_run as write_run_dir
+from tests.train.conftest import MQA, tiny_experiment
+from tests.train.conftest import write_run as write_run_dir
 
 TINY = tiny_experiment(
     data={"vocab_size": 16, "seq_len": 8, "batch_size": 4}, model={"n_layers": 2},

@@ -20,7 +20,7 @@ from train.harness.module import NonFiniteLoss
 from train.rundir.read import load_run
 from train.rundir.status import STATUS_FILE, describe_status, read_status, write_status
 
-from ..conftest import tiny_markov
+from tests.train.conftest import tiny_markov
 
 TINY = tiny_markov("st", checkpoint_every=2)
 QUIET = Console(quiet=True)

@@ -36,7 +36,7 @@ from train.rundir.status import (
     run_status,
 )
 
-from ..conftest import tiny_markov, write_run
+from tests.train.conftest import tiny_markov, write_run
 
 QUIET = Console(quiet=True)
 

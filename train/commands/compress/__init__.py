@@ -3,9 +3,9 @@
     doc = compress_run("runs/quick/mha", CompressOptions(ratios=(1.5, 2, 4)))
     doc = compress_hf("models/tiny", "calib.txt", "eval.txt", CompressOptions(), seq_len=128)
 
-The report (budgets/advice.py) advises a low-rank KV cache from ranks it measured per
+The report (budgets/advice/annotate.py) advises a low-rank KV cache from ranks it measured per
 sequence. This package checks that advice with a number: it fits a basis per layer and KV
-head on calibration activations (budgets/lowrank.py), evaluates the model with every
+head on calibration activations (train/commands/compress/lowrank.py), evaluates the model with every
 cached matrix projected onto its top r directions, exactly what a cache of r-dimensional
 codes would give back, on data the bases were not fitted on, and states the loss change
 at each cache size:
@@ -30,7 +30,7 @@ What is projected, per family (model surgery, each undone after its evaluation):
 
 Bases: output-aware by default (each slot's error weighed as its reader sees it: keys
 through the queries and the attention, values through W_O and the attention, MLA's latent
-through both, on one scale of squared output error per token; budgets/readout.py), or by
+through both, on one scale of squared output error per token; train/commands/compress/readout.py), or by
 energy (--bases energy). Cost model: the bases are fitted once and shared, so they are
 weights: a row's ratio counts the codes per token alone, its basis bytes once per model.
 

@@ -13,7 +13,7 @@ Evaluation sequences equal to a calibration sequence are left out unless overlap
 Bases: "energy" keeps each slot's top directions by energy; "output" (the default) weighs
 each slot's error as its reader sees it where the target supplies a weight (keys: the
 queries and the attention, values: W_O and the attention, a state's rows: what reads
-them; budgets/readout.py), and keeps energy bases for the slots it supplies none for
+them; train/commands/compress/readout.py), and keeps energy bases for the slots it supplies none for
 (cal.used says which). Output-aware gains are squared output errors per token, divided by
 the mean squared norm of the residual stream entering the layer (what the next norm
 divides by): one scale over slots and layers (cal.one_scale), which the greedy-scaled
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from budgets.lowrank import SlotStats
+from .lowrank import SlotStats
 
 from .options import ZOO_CALIBRATION, CompressOptions
 
@@ -152,7 +152,7 @@ def calibrate(target, tokens: torch.Tensor, batch_size: int,
         energies: dict[int, float] = {}
         for key, a in target.activations(batch.to(where), weights, energies).items():
             stats[key].add(a)
-        for key, w in (weights or {}).items():  # budgets/readout.py Weight
+        for key, w in (weights or {}).items():  # train/commands/compress/readout.py Weight
             stats[key].add_weight(w.matrix, batch.numel(), w.spread)
         for layer, e in energies.items():
             acc = residual.setdefault(layer, [0.0, 0])

@@ -1,6 +1,6 @@
 """Hugging Face causal LMs' KV caches: their keys and values, and how compress projects them.
 
-    target = HFTarget(model, keys="auto")      # layers found by budgets/hf_weights.py
+    target = HFTarget(model, keys="auto")      # layers found by budgets/hf/projections.py
     with target.projected(P): target.evaluate(ids)
 
 Keys before RoPE are projected through the rows of W_K that give them (W_K -> P W_K per KV
@@ -18,17 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.hf_capture import (
+from budgets.hf.capture import (
     AttentionCall,
     capture,
     probabilities,
     projection_weight,
     row_blocks,
 )
-from budgets.hf_layouts import Geometry
-from budgets.hf_weights import Rows, discover
-from budgets.lowrank import Slot, project_heads, project_rows
-from budgets.readout import (
+from budgets.hf.geometry import Geometry
+from budgets.hf.projections import Rows, discover
+from .lowrank import Slot, project_heads, project_rows
+from .readout import (
     Weight,
     head_gram,
     query_weight,
@@ -108,7 +108,7 @@ class HFTarget:
         return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
                 f"V {V}); {key_label(self.keys, self.rope)}")
 
-    one_scale = True  # weights in squared output error per token (budgets/readout.py)
+    one_scale = True  # weights in squared output error per token (train/commands/compress/readout.py)
 
     @torch.no_grad()
     def activations(self, ids: torch.Tensor, weights: dict | None = None,
@@ -137,7 +137,7 @@ class HFTarget:
         return acts
 
     def weights(self, i: int, call: AttentionCall) -> dict[tuple[int, str], Weight]:
-        """Layer i's keys' and values' weights on one scale (budgets/readout.py), from its
+        """Layer i's keys' and values' weights on one scale (train/commands/compress/readout.py), from its
         attention, a block of query rows at a time; none without its W_O."""
         layer = self.layers[i]
         w_o = None if layer.out is None else projection_weight(layer.out)

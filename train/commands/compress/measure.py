@@ -4,7 +4,7 @@
     verdict(rows, prediction, tolerance)   # {"verdict": "verified" | "refuted" | None, ...}
 
 Settings: the report's advised ranks, per target ratio a uniform r and a greedy allocation
-by gain per byte (budgets/lowrank.py), and per eps the per-layer rank_eps.
+by gain per byte (train/commands/compress/lowrank.py), and per eps the per-layer rank_eps.
 
 Cost model: the bases are fitted once on calibration data and shared by every sequence,
 so they are weights: a row's ratio and bytes_per_token count the codes per token alone,
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from budgets.lowrank import (
+from .lowrank import (
     Slot,
     cache_bytes,
     eps_ranks,
@@ -53,7 +53,7 @@ def _greedy_scaled(slots, cal, ratio, nbytes, T):
     return greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, shares=False)
 
 
-# allocation -> its ranks for a target ratio (budgets/lowrank.py)
+# allocation -> its ranks for a target ratio (train/commands/compress/lowrank.py)
 ALLOCATE = {"uniform": _uniform, "greedy": _greedy, "greedy-scaled": _greedy_scaled}
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from budgets.kv_advice import KEY_LABEL
-from budgets.lowrank import dtype_bytes
-from budgets.verdicts import VerdictThresholds
+from budgets.advice.kv import KEY_LABEL
+from .lowrank import dtype_bytes
+from budgets.advice.verdicts import VerdictThresholds
 
 from ...sizing.units import DTYPE_LONG, dtype_name
 
@@ -31,7 +31,7 @@ ZOO_CALIBRATION = 64  # sequences of the training split
 
 
 def cache_dtype(text: str) -> str:
-    """A cache dtype as budgets/verdicts.py names it (bf16 and bfloat16 -> bfloat16), parsed
+    """A cache dtype as budgets/advice/verdicts.py names it (bf16 and bfloat16 -> bfloat16), parsed
     as `rankzoo pick` parses it."""
     return DTYPE_LONG[dtype_name(text)]
 
@@ -106,5 +106,5 @@ def resolve_keys(keys: str, rope: bool, what: str) -> str:
 
 
 def key_label(keys: str, rope: bool) -> str:
-    """How the document names the keys that get a basis (budgets/kv_advice.py's labels)."""
+    """How the document names the keys that get a basis (budgets/advice/kv.py's labels)."""
     return KEY_LABEL["k_pre_rope" if keys == "pre-rope" else "k"] if rope else "keys"

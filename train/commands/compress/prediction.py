@@ -4,7 +4,7 @@
     prediction = hf_prediction(target, cal, eps, nbytes, T, command)   # as `report --hf`
 
 A prediction is {"ranks": {slot key: [r per head]}, "seq_len": T, "cost_model",
-"advised", "withheld", "source"}: the KV advice's ranks per KV head (budgets/kv_advice.py
+"advised", "withheld", "source"}: the KV advice's ranks per KV head (budgets/advice/kv.py
 kv_option: the probe's sequences stacked, for one shared basis, or on an older probe the
 per-sequence maxima); for MLA, linear attention and SSMs, which get no KV advice, the
 ranks their inference row measured.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from budgets.kv_advice import KEY_LABEL, kv_option
+from budgets.advice.kv import KEY_LABEL, kv_option
 
 from .calibrate import Calibration
 from .hf_surgery import HFTarget

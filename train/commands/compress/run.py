@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from budgets.lowrank import cache_bytes
+from .lowrank import cache_bytes
 
 from ...rundir.lock import in_progress_note
 from .calibrate import Calibration, calibrate, hf_data, zoo_data

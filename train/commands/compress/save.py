@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from budgets.lowrank import projectors
+from .lowrank import projectors
 
 from ...render.compress import setting_name
 from ...rundir.files import atomic_path, write_json, write_yaml

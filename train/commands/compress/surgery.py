@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from budgets.lowrank import project_rows
+from .lowrank import project_rows
 
 
 class Surgery:

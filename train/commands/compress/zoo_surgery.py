@@ -1,7 +1,7 @@
 """Zoo models' caches, per block family: what each caches, and how compress projects it.
 
     target = ZooTarget(model, keys="auto")     # a DecoderLM of one block family
-    target.slots                               # budgets/lowrank.py Slots: what is cached
+    target.slots                               # train/commands/compress/lowrank.py Slots: what is cached
     with target.projected(P): target.evaluate(tokens, labels, batch_size)
 
 What is projected, per family (each a row of BLOCKS; a new block is one row there):
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.lowrank import Slot, project_heads
-from budgets.readout import (
+from .lowrank import Slot, project_heads
+from .readout import (
     Weight,
     head_gram,
     query_weight,
@@ -40,7 +40,7 @@ from .surgery import Surgery, project_linear, projected
 class KVCache:
     """softmax and sliding_window: keys and values per KV head [B, G, T, K]."""
 
-    one_scale = True  # weights in squared output error per token (budgets/readout.py)
+    one_scale = True  # weights in squared output error per token (train/commands/compress/readout.py)
 
     def heads(self, c) -> int:
         return c.kv_heads
@@ -63,7 +63,7 @@ class KVCache:
         return {(i, "k"): k_pre if target.keys == "pre-rope" else k_post, (i, "v"): v}
 
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        """The keys' and values' weights on one scale (budgets/readout.py): the queries
+        """The keys' and values' weights on one scale (train/commands/compress/readout.py): the queries
         and the attention reading each KV head, and W_O."""
         c = block.config
         q, _, v = block.project(x)  # [B, H, T, K], [B, G, T, K]; pair energies ignore RoPE

@@ -1,0 +1,92 @@
+"""What each attention layer of a Hugging Face model caches, measured as its inference rows.
+
+    rows, caps = cache_rows(call, latent, eps)     # {"inference.k": ..., ...}, cap overrides
+
+A layer with per-head keys and values caches them: inference.k and inference.v, joint over
+KV heads [B, T, G*K], a windowed layer's last W - 1 tokens. A multi-head latent attention
+layer (deepseek_v3) caches something else: the latent c [B, T, R] (kv_a_proj's output
+after kv_a_layernorm, the input of the linear expanding it into per-head keys and values)
+and the shared rotary key k_r [B, T, dr]. Its rows are then inference.latent and
+inference.rope_key, capped by min(T, R + dr) as zoo's mla block declares (zoo/mla.py).
+The expanding linear is found by budgets/hf/projections.py; its input is caught here by a
+forward pre-hook during the probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+from torch import nn
+
+from ..budget import RankBudget
+from .capture import AttentionCall
+from ..probe.blocks import measure
+
+
+def as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
+    """Keys and values [B, G, T, K] as the cache holds them after the prefill: a windowed
+    layer's cache keeps the last W - 1 (the next query brings the W-th)."""
+    if window is None:
+        return key, value
+    start = max(key.shape[-2] - max(window - 1, 1), 0)
+    return key[..., start:, :], value[..., start:, :]
+
+
+def joint(kv: torch.Tensor) -> torch.Tensor:
+    B, G, T, K = kv.shape
+    return kv.float().transpose(1, 2).reshape(B, T, G * K)  # [B, T, G*K], as zoo caches it
+
+
+def rotated_columns(call: AttentionCall) -> torch.Tensor:
+    """[K] bool: the key columns RoPE changed (none when the layer has no RoPE)."""
+    if call.key_pre is None:
+        return torch.zeros(call.key.shape[-1], dtype=torch.bool, device=call.key.device)
+    return (call.key != call.key_pre).flatten(0, -2).any(dim=0)
+
+
+def latent_rows(call: AttentionCall, latent: torch.Tensor, eps: float) -> dict:
+    """inference.latent [B, T, R] and inference.rope_key [B, T, dr]: an MLA layer's cache.
+    The rotary key is shared by all heads: head 0's rotated columns."""
+    B, T = call.key.shape[0], call.key.shape[-2]
+    rows = {"inference.latent": measure(latent.reshape(B, T, -1).float(), eps, batch_dims=1)}
+    rot = rotated_columns(call)
+    if bool(rot.any()):
+        rows["inference.rope_key"] = measure(call.key[:, 0, :, rot].float(), eps, batch_dims=1)
+    return rows
+
+
+def latent_budget(budget: RankBudget, latent: torch.Tensor, call: AttentionCall
+                  ) -> RankBudget:
+    """The layer's caps with its cache's: min(T, R + dr), T (R + dr) elements."""
+    T, R = call.key.shape[-2], latent.shape[-1]
+    width = R + int(rotated_columns(call).sum())
+    return dataclasses.replace(budget, inference=min(T, width), cache_elements=T * width)
+
+
+def cache_rows(call: AttentionCall, latent: torch.Tensor | None, eps: float) -> dict:
+    """The layer's inference rows: its latent's when it caches one, else its K and V."""
+    if latent is not None:
+        return latent_rows(call, latent, eps)
+    k, v = as_cached(call.key, call.value, call.window)
+    return {"inference.k": measure(joint(k), eps, batch_dims=1),
+            "inference.v": measure(joint(v), eps, batch_dims=1)}
+
+
+@contextlib.contextmanager
+def latent_inputs(linears: dict[nn.Module, int]):
+    """Collect, by layer index, the input of each layer's latent-expanding linear (its
+    cached latent [B, (1,) T, R])."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def hook(module, args):
+        if args and isinstance(args[0], torch.Tensor):
+            seen[linears[module]] = args[0].detach()
+
+    handles = [m.register_forward_pre_hook(hook) for m in linears]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()

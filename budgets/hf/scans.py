@@ -1,0 +1,242 @@
+"""The exact SSD mixing of Mamba-2-family mixers in Hugging Face models (mamba2, bamba,
+falcon_h1, granite hybrids, nemotron_h, zamba2), and of Mamba-1 selective scans (mamba,
+falcon_mamba, jamba, zamba), captured in one forward.
+
+    with capture_scans(model, on_scan):        # on_scan(call) sees each ScanCall
+        model(input_ids=ids)
+    M = ssd_mixing(call)                         # [B, Hs, T, T]
+
+Each of those modeling modules calls its own `mamba2_chunk_scan(x, dt, A, B, C, chunk_size,
+D, dt_bias, dt_softplus, dt_limit, ...)`; inside `capture_scans` it is wrapped for the
+duration, and its arguments and output are kept. With dt = clamp(softplus(dt + dt_bias),
+dt_limit), the scan computes y = M x + D x per head, where
+
+    M[t, s] = C_t . B_s * exp(sum_{s < u <= t} A dt_u) * dt_s     (s <= t; 0 above)
+
+which ssd_mixing rebuilds exactly (in eval mode: no initial state). Mamba-1 mixers call
+`mamba_selective_scan(x, dt, A, B, C, D, z, delta_bias, delta_softplus, ...)` with x
+[B, Dc, T] and A [Dc, N] per channel and state entry: the call is held in the same form,
+each channel a head of width 1 whose decay is exp(A[c, n] sum dt) per state entry n, and
+the scan's output gated by silu(z). Nothing here imports transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..budget import RankBudget
+from ..rank.matfree import FactoredMixing
+
+SCAN_NAMES = ("mamba2_chunk_scan", "mamba_selective_scan")
+
+
+@dataclass
+class ScanCall:
+    """One SSD scan as the mixer called it."""
+
+    module: nn.Module | None  # the mixer that called it (innermost module running)
+    x: torch.Tensor  # [B, T, Hs, P] (Mamba-1: Hs = Dc channels, P = 1)
+    dt: torch.Tensor  # [B, T, Hs] before bias, softplus and clamp
+    A: torch.Tensor  # [Hs], or [Hs, N] per state entry (Mamba-1)
+    B: torch.Tensor  # [B, T, Ng, N]
+    C: torch.Tensor  # [B, T, Ng, N]
+    D: torch.Tensor | None  # [Hs]
+    dt_bias: torch.Tensor | None  # [Hs]
+    dt_softplus: bool
+    dt_limit: tuple[float, float]
+    y: torch.Tensor | None = None  # [B, T, Hs, P] the scan's output
+    gate: torch.Tensor | None = None  # [B, T, Hs, P] z: the output times silu(z) (Mamba-1)
+
+    @property
+    def state(self) -> int:
+        return self.B.shape[-1]  # N
+
+    @property
+    def heads(self) -> int:
+        return self.x.shape[2]  # Hs
+
+    @property
+    def groups(self) -> int:
+        return self.B.shape[2]  # Ng: heads sharing one B, C read Hs / Ng each
+
+
+def step_sizes(call: ScanCall) -> torch.Tensor:
+    """dt as the scan uses it, [B, T, Hs]: bias, softplus, clamp."""
+    dt = call.dt.double()
+    if call.dt_bias is not None:
+        dt = dt + call.dt_bias.double()
+    if call.dt_softplus:
+        dt = F.softplus(dt)
+    return dt.clamp(min=call.dt_limit[0], max=call.dt_limit[1])
+
+
+def ssd_mixing(call: ScanCall) -> torch.Tensor:
+    """M [B, Hs, T, T] in fp64: y = M x + D x per head (module docstring)."""
+    dt = step_sizes(call).transpose(1, 2)  # [B, Hs, T]
+    rep = call.heads // call.groups
+    Bm = call.B.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
+    Cm = call.C.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
+    T = dt.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=dt.device).tril()
+    if call.A.dim() == 2:  # one decay per state entry: M summed over them
+        return _per_entry_mixing(call.A.double(), dt, Bm, Cm, causal)
+    cum = torch.cumsum(call.A.double()[None, :, None] * dt, dim=-1)  # [B, Hs, T]
+    decay = cum[..., :, None] - cum[..., None, :]  # sum over s < u <= t, [B, Hs, T, T]
+    decay = decay.masked_fill(~causal, float("-inf"))
+    return (Cm @ Bm.mT) * torch.exp(decay) * dt[..., None, :]  # [B, Hs, T, T]
+
+
+def _per_entry_mixing(A: torch.Tensor, dt: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+                      causal: torch.Tensor) -> torch.Tensor:
+    """M [B, Hs, T, T] = sum_n C_t[n] B_s[n] exp(A[h, n] sum_{s<u<=t} dt_u) dt_s, for A
+    [Hs, N] (dt [B, Hs, T], B and C [B, Hs, T, N])."""
+    cum = torch.cumsum(dt, dim=-1)  # [B, Hs, T]
+    gap = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("inf"))
+    M = torch.zeros_like(gap)
+    for n in range(A.shape[-1]):
+        decay = torch.exp(A[None, :, n, None, None] * gap)  # [B, Hs, T, T], 0 above
+        M += Cm[..., n, None] * Bm[..., None, :, n] * decay
+    return M * dt[..., None, :]
+
+
+def rebuild(call: ScanCall) -> torch.Tensor:
+    """y [B, T, Hs, P] from M and D, fp64: what the scan returned, rebuilt."""
+    x = call.x.double().transpose(1, 2)  # [B, Hs, T, P]
+    y = ssd_mixing(call) @ x
+    if call.D is not None:
+        y = y + call.D.double()[None, :, None, None] * x
+    y = y.transpose(1, 2)
+    return y if call.gate is None else y * F.silu(call.gate.double())
+
+
+def ssd_budget(call: ScanCall, seq_len: int, d_model: int, params: int,
+               block: str) -> RankBudget:
+    """One SSD mixer's caps as zoo's ssm block declares them: per head, M's past->future
+    block has rank <= N (N-semiseparable), the state min(N, P) per head."""
+    Hs, P, N = call.heads, call.x.shape[-1], call.state
+    return RankBudget(block=block, seq_len=seq_len, n_heads=Hs, mixing=min(N, seq_len // 2),
+                      logits=N, value_path=min(d_model, Hs * P), inference=min(N, P),
+                      params=params, cache_elements=Hs * P * N,
+                      flops_per_token=2 * params + 6 * Hs * P * N)
+
+
+def factored_mixing(call: ScanCall) -> FactoredMixing:
+    """M's past->future block as L R^T [B, Hs, T - T/2, N] x [B, Hs, T/2, N] (fp32), the
+    decay split at the last past token so that neither factor overflows."""
+    dt = step_sizes(call).transpose(1, 2)  # [B, Hs, T]
+    rep = call.heads // call.groups
+    Bm = call.B.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
+    Cm = call.C.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
+    A = call.A.double()
+    A = (A if A.dim() == 2 else A[:, None].expand(-1, call.state))[None, :, None, :]  # [1,Hs,1,N]
+    cum = torch.cumsum(dt, dim=-1)[..., None]  # [B, Hs, T, 1]
+    h = dt.shape[-1] // 2
+    pivot = cum[..., h - 1:h, :]  # [B, Hs, 1, 1]
+    L = Cm[..., h:, :] * torch.exp(A * (cum[..., h:, :] - pivot))
+    R = Bm[..., :h, :] * torch.exp(A * (pivot - cum[..., :h, :])) * dt[..., :h, None]
+    return FactoredMixing(L.float(), R.float())
+
+
+def ssd_kind(call: ScanCall, moe: bool) -> dict:
+    """An SSD mixer's kind: its state N and how many heads share one B, C."""
+    sharing = call.heads // call.groups
+    per_channel = " per channel" if call.A.dim() == 2 else ""  # Mamba-1: A [Dc, N]
+    return {"attention": "ssm", "window": None, "rope": False, "softcap": None,
+            "sinks": False, "moe": moe, "state": call.state, "heads_sharing": sharing,
+            "label": f"SSM N={call.state}{per_channel}"}
+
+
+def _scan_call(module, args, kwargs) -> ScanCall:
+    names = ("x", "dt", "A", "B", "C", "chunk_size", "D", "dt_bias", "initial_states",
+             "dt_softplus", "dt_limit")
+    got = dict(zip(names, args, strict=False)) | kwargs
+    return ScanCall(module, got["x"].detach(), got["dt"].detach(), got["A"].detach(),
+                    got["B"].detach(), got["C"].detach(), _detached(got.get("D")),
+                    _detached(got.get("dt_bias")), bool(got.get("dt_softplus", False)),
+                    tuple(got.get("dt_limit", (0.0, float("inf")))))
+
+
+def _selective_call(module, args, kwargs) -> ScanCall:
+    """A Mamba-1 selective scan's arguments (x, dt, z [B, Dc, T]; B, C [B, N, T]) held as
+    a ScanCall of Dc heads of width 1 sharing one B and C."""
+    names = ("x", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus")
+    got = dict(zip(names, args, strict=False)) | kwargs
+    z = _detached(got.get("z"))
+    return ScanCall(module, got["x"].detach().transpose(1, 2)[..., None],
+                    got["dt"].detach().transpose(1, 2), got["A"].detach(),
+                    got["B"].detach().transpose(1, 2)[:, :, None],
+                    got["C"].detach().transpose(1, 2)[:, :, None], _detached(got.get("D")),
+                    _detached(got.get("delta_bias")), bool(got.get("delta_softplus", False)),
+                    (0.0, float("inf")),
+                    gate=None if z is None else z.transpose(1, 2)[..., None])
+
+
+# per scan function: its arguments as a ScanCall, its output [B, T, Hs, P] from what it returns
+SCANS = {"mamba2_chunk_scan": (_scan_call, lambda y: y),
+         "mamba_selective_scan": (_selective_call, lambda y: y.transpose(1, 2)[..., None])}
+
+
+def _detached(t):
+    return t.detach() if isinstance(t, torch.Tensor) else None
+
+
+@contextlib.contextmanager
+def _running(model: nn.Module, stack: list):
+    """`stack` holds the modules whose forward is running, innermost last."""
+    def enter(module, args):
+        stack.append(module)
+
+    def leave(module, args, out):
+        if stack and stack[-1] is module:
+            stack.pop()
+
+    handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(enter),
+                                                     m.register_forward_hook(leave))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def capture_scans(model: nn.Module, on_scan: Callable[[ScanCall], None]):
+    """Inside, every SSD scan of `model` runs as before, its ScanCall (output included)
+    passed to on_scan; yields the list of calls made. The originals are restored after."""
+    calls: list[ScanCall] = []
+    stack: list[nn.Module] = []
+    saved = []
+
+    def wrap(fn, attr: str):
+        held, output = SCANS[attr]
+
+        def scan(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            call = held(stack[-1] if stack else None, args, kwargs)
+            if call.x.requires_grad or kwargs.get("initial_states") is not None:
+                return out  # training or a cached state: not a prefill from zero
+            call.y = output((out[0] if isinstance(out, tuple) else out).detach())
+            calls.append(call)
+            on_scan(call)
+            return out
+        return scan
+
+    for name in dict.fromkeys(type(m).__module__ for m in model.modules()):
+        module = sys.modules.get(name)
+        for attr in SCAN_NAMES:
+            if module is not None and callable(getattr(module, attr, None)):
+                saved.append((module, attr, getattr(module, attr)))
+                setattr(module, attr, wrap(getattr(module, attr), attr))
+    try:
+        with _running(model, stack):
+            yield calls
+    finally:
+        for module, attr, fn in reversed(saved):
+            setattr(module, attr, fn)

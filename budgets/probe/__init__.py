@@ -1,0 +1,3 @@
+"""Measuring a model on one fixed batch: its probeable blocks found and measured
+(blocks.py), where each head puts its weight (heads.py), and what flows between the blocks:
+the residual stream and the keys and values per KV head (streams.py)."""
