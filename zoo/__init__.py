@@ -6,13 +6,22 @@
     P = block.mixing_matrices(x)                   # [B, H, T, T]
 """
 
-from . import linear, mla, moe, sliding_window, softmax, ssm  # noqa: F401  (registers the blocks)
+# ruff: noqa: I001  (the registry rows below are in listing order, not sorted)
+# The registry: one row per block family, registered in the order in which tables list
+# families whose costs tie (zoo.families()). A new block is one module and one row here.
+from . import softmax  # noqa: F401
+from . import sliding_window  # noqa: F401
+from . import mla  # noqa: F401
+from . import moe  # noqa: F401
+from . import linear  # noqa: F401
+from . import ssm  # noqa: F401
 from .block import Block
 from .ops.attention import ATTENTION
 from .ops.conv import CONV
 from .ops.linear_attn import LINEAR_ATTN
 from .ops.ssd import SSD
-from .registry import block_class, build, names, register
+from .facts import Facts
+from .registry import block_class, build, families, facts_of, names, register
 
 OPS = {"attention": ATTENTION, "linear_attn": LINEAR_ATTN, "ssd": SSD, "causal_conv": CONV}
 
@@ -22,4 +31,5 @@ def backends_available() -> dict[str, dict[str, str | None]]:
     return {op: registry.available() for op, registry in OPS.items()}
 
 
-__all__ = ["Block", "OPS", "backends_available", "block_class", "build", "names", "register"]
+__all__ = ["Block", "Facts", "OPS", "backends_available", "block_class", "build", "families",
+           "facts_of", "names", "register"]

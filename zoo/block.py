@@ -41,6 +41,7 @@ import budgets
 from budgets import RankBudget
 
 from .config import StrictConfig, positive_int
+from .facts import Facts
 
 
 def apply_linear(proj: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +74,7 @@ def decode_step_backend(requested: str, cache: Any, seq_len: int, step: str) -> 
 class Block(nn.Module):
     kind: ClassVar[str] = ""  # the registry name, set by zoo.register
     Config: ClassVar[type[StrictConfig]]
+    facts: ClassVar[Facts]  # what pick, compress and the advice read (zoo/facts.py)
 
     def __init__(self, config: StrictConfig):
         super().__init__()

@@ -35,6 +35,7 @@ from budgets import RankBudget
 
 from .block import Block, decode_step_backend, split_heads
 from .config import StrictConfig, positive_int, require
+from .facts import Check, Facts, Sizing
 from .ops.linear_attn import LINEAR_ATTN, LinearAttnSpec, linear_attn_matrix
 from .registry import register
 
@@ -99,6 +100,18 @@ class LinearCache:
 @register("linear")
 class LinearAttention(Block):
     Config = LinearConfig
+    facts = Facts(
+        Sizing("feature_dim", lambda kw, D, T: range(1, 4 * D + 1),
+               "K",
+               "K = feature_dim: per-head query/key width before the feature map; F = "
+               "features after it (elu+1: F = K; Taylor, Based's 2nd-order map: F = 1 + K + "
+               "K(K+1)/2, so K=16 gives F=153); a state of F x V per head at any length",
+               lambda c: f"K={c.k_dim}, F={c.f_dim}"),
+        cache="state", state_row="inference.state",
+        checks=(Check("cheaper_block", "linear_f{n}",
+                      lambda n: {"block": "linear", "feature_map": "identity",
+                                 "feature_dim": n, "normalize": False},
+                      "linear attention with F = {n}"),))
 
     def __init__(self, config: LinearConfig):
         super().__init__(config)

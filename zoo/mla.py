@@ -33,6 +33,7 @@ from budgets import RankBudget
 
 from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
+from .facts import Facts, Sizing
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
 from .registry import register
 from .rope import apply_rope
@@ -125,6 +126,13 @@ def _attend(backend, q, k, v, scale: float) -> torch.Tensor:
 @register("mla")
 class MultiHeadLatentAttention(Block):
     Config = MLAConfig
+    facts = Facts(
+        Sizing("kv_lora_rank", lambda kw, D, T: range(1, D + 1),  # R <= d_model
+               "R",
+               "R = kv_lora_rank: the latent cached per token (DeepSeek-V2), beside one "
+               "shared RoPE key of width dr",
+               lambda c: f"R={c.latent}, dr={c.rope_dim}"),
+        cache="latent", state_row="inference.latent")
 
     def __init__(self, config: MLAConfig):
         super().__init__(config)

@@ -46,6 +46,7 @@ from budgets import RankBudget, attention_budget
 
 from .block import Block, apply_linear
 from .config import StrictConfig, positive_int, require
+from .facts import Facts, Sizing
 from .ops.attention import ATTENTION, AttnSpec, attention_probs, reference_attention
 from .registry import register
 from .rope import apply_rope
@@ -96,6 +97,14 @@ def _expert_init(*shape: int, fan_in: int) -> nn.Parameter:
 @register("moe")
 class MoEAttention(Block):
     Config = MoEConfig
+    facts = Facts(
+        Sizing("top_k", lambda kw, D, T: range(1, kw["n_heads"] + 1),  # k of E heads
+               "k",
+               "k = top_k: expert heads each token uses, of E = n_heads; one key/value head "
+               "is shared by all (it caches like MQA), so k sets the FLOPs, not the cache",
+               lambda c: f"k={c.top_k} of E={c.n_heads}",
+               state=("head_dim", lambda kw, D, T: range(1, 4 * D + 1))),  # K = V of all
+        cache="kv")
 
     def __init__(self, config: MoEConfig):
         super().__init__(config)

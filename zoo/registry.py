@@ -6,6 +6,7 @@ from typing import Any
 
 from .block import Block
 from .config import unknown_key_error
+from .facts import Facts
 
 _BLOCKS: dict[str, type[Block]] = {}
 
@@ -25,6 +26,17 @@ def register(name: str):
 
 def names() -> list[str]:
     return sorted(_BLOCKS)
+
+
+def families() -> list[str]:
+    """The registered blocks in registration order: the order tables list them in when
+    their costs tie (zoo/__init__.py registers them in that order)."""
+    return list(_BLOCKS)
+
+
+def facts_of(name: str) -> Facts:
+    """What a block family declares about itself (zoo/facts.py)."""
+    return block_class(name).facts
 
 
 def block_class(name: str) -> type[Block]:

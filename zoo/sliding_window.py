@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 
 from .config import require
+from .facts import Facts, Sizing
 from .registry import register
 from .softmax import SoftmaxAttention, SoftmaxConfig
 
@@ -96,6 +97,13 @@ class RollingKVCache:
 @register("sliding_window")
 class SlidingWindowAttention(SoftmaxAttention):
     Config = SlidingWindowConfig
+    facts = Facts(
+        Sizing("window", lambda kw, D, T: range(1, T + 1),  # W > T: no more
+               "W",
+               "W = window: keys each query sees, itself included; caches the last W "
+               "tokens' keys and values; G as for softmax",
+               lambda c: f"W={c.window}, G={c.kv_heads}"),
+        cache="kv", mirrors=("sliding",))
 
     @property
     def window(self) -> int:

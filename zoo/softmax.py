@@ -18,6 +18,7 @@ from budgets import RankBudget, attention_budget
 
 from .block import Block, split_heads
 from .config import StrictConfig, positive_int, require
+from .facts import Facts, Sizing, divisors
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
 from .ops.attention.reference import expand_kv
 from .registry import register
@@ -84,6 +85,13 @@ class KVCache:
 @register("softmax")
 class SoftmaxAttention(Block):
     Config = SoftmaxConfig
+    facts = Facts(
+        Sizing("n_kv_heads", lambda kw, D, T: divisors(kw["n_heads"]),  # whole groups
+               "G",
+               "G = n_kv_heads: key/value heads shared by the H query heads (MHA: G = H; "
+               "GQA: 1 < G < H; MQA: G = 1); caches keys and values of every token",
+               lambda c: f"G={c.kv_heads}"),
+        cache="kv", mirrors=("global",))
 
     def __init__(self, config: SoftmaxConfig):
         super().__init__(config)

@@ -33,6 +33,7 @@ from budgets import RankBudget
 
 from .block import Block, apply_linear, decode_step_backend
 from .config import StrictConfig, positive_int, positive_number, require
+from .facts import Check, Facts, Sizing
 from .ops.conv import CONV, ConvSpec
 from .ops.ssd import SSD, SSDSpec, ssd_mixing_matrix
 from .ops.ssd.reference import expand_groups
@@ -105,6 +106,15 @@ class SSMCache:
 @register("ssm")
 class Mamba2(Block):
     Config = SSMConfig
+    facts = Facts(
+        Sizing("d_state", lambda kw, D, T: range(1, 4 * D + 1),
+               "N",
+               "N = d_state: the Mamba-2 state per head, P x N with P = expand x D / H, plus "
+               "the short convolution's last d_conv - 1 inputs, at any length",
+               lambda c: f"N={c.d_state}, P={c.head_dim}"),
+        cache="state", state_row="inference.state", mirrors=("ssm",),
+        checks=(Check("cheaper_block", "ssm_n{n}", lambda n: {"block": "ssm", "d_state": n},
+                      "an SSM with N = {n}"),))
 
     def __init__(self, config: SSMConfig):
         super().__init__(config)

@@ -10,7 +10,8 @@ Every exponent is a segment sum of non-positive log-decays, so every exp is <= 1
 overflow and no cancellation. The largest tensors are [B, H, T/C, C, C] and the chunk
 states [B, T/C, H, P, N]; no T x T tensor is formed.
 
-Faster than the paper's listing on CPU (`python -m benches.zoo.bench_kernels ssd`), with the same results:
+Faster than the paper's listing on CPU (`python -m benches.zoo.bench_kernels ssd`), with the
+same results:
   - B and C stay in their G groups: C_t . B_s is computed once per group, not per head,
     and the state einsums contract each group's B or C with its H/G heads at once;
   - the decay of step 1 is built with the sum along the contiguous dim ([s, t] layout,
