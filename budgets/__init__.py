@@ -7,17 +7,17 @@ way). budgets measures and returns data; loading files and rendering tables are 
 (train/hf/__init__.py, train/render/__init__.py).
 """
 
-from .rank.adapters import adapter_ranks, lowrank_singular_values
 from .advice.annotate import annotate
+from .advice.verdicts import VERDICTS, VerdictThresholds
 from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
+from .probe.blocks import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
 from .probe.heads import head_stats
+from .probe.streams import MASSIVE_RATIO, kv_head_figures, residual_figures
+from .rank.adapters import adapter_ranks, lowrank_singular_values
 from .rank.matfree import AttentionMixing, FactoredMixing, operator_metrics
 from .rank.metrics import METRICS, rank_metrics, singular_values, spectrum_metrics
-from .probe.blocks import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
-from .report.document import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
 from .rank.spectra import product_spectrum, spectrum
-from .probe.streams import MASSIVE_RATIO, kv_head_figures, residual_figures
-from .advice.verdicts import VERDICTS, VerdictThresholds
+from .report.document import REPORT_SCHEMA_VERSION, build_report, load_report, to_json
 
 __all__ = [
     "AXES",

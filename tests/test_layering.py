@@ -1,7 +1,8 @@
-"""The packages' layering, read from the source: train -> zoo -> budgets, and nothing else.
+"""The packages' layering, read from the source: benches -> train -> zoo -> budgets, and
+nothing else.
 
-The checker parses every module of zoo/, budgets/ and train/ with `ast` (nothing is
-imported) and builds the module-level graph of the project's own imports:
+The checker parses every module of zoo/, budgets/, train/ and benches/ with `ast` (nothing
+is imported) and builds the module-level graph of the project's own imports:
 
 - relative imports are resolved against the importing module's package;
 - `from pkg import name` is an edge to the submodule `pkg.name` when that is a module of
@@ -12,13 +13,17 @@ imported) and builds the module-level graph of the project's own imports:
 - importing `pkg.sub` runs `pkg/__init__.py` too, but that is not counted as an edge to
   `pkg`, or every package whose `__init__` re-exports its submodules would be a cycle.
 
-Four rules, one test each: no cycle; budgets imports neither zoo nor train; zoo does not
-import train; no `from module import _private` across modules. Inside train/, each
-subpackage has a job, and the libraries that belong to a job stay with it: only
-train/harness/ imports Lightning, only train/render/ builds rich tables or draws with
-matplotlib, and train/render/ imports no torch (RULES, NO_TORCH). (`import module` followed
-by `module._private` is not checked.) The tests at the end plant each violation in a small
-source tree and check that the checker finds it.
+The package rules, one test each: no cycle; budgets imports neither zoo nor train; zoo
+does not import train; none of them imports benches; no `from module import _private`
+across modules. Inside train/, each subpackage has a job, and the libraries that belong to
+a job stay with it: only train/harness/ imports Lightning, only train/render/ builds rich
+tables or draws with matplotlib, train/render/ imports no torch (RULES, NO_TORCH) and reads
+no run directory (no import of train/rundir/read.py, no file opened: render_reads); train's
+subpackages form no cycle. Inside budgets/, its subpackages form no cycle either, and only
+budgets/hf/ imports transformers (BUDGETS_RULES). Across the project, one module registers
+attention functions in transformers' global tables, budgets/hf/capture.py (registrations).
+(`import module` followed by `module._private` is not checked.) Each rule has a test that
+plants its violation in a small source tree and checks that the checker finds it.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("zoo", "budgets", "train")
-# package -> the project packages it must not import (the direction is train -> zoo -> budgets)
-FORBIDDEN = {"budgets": ("zoo", "train"), "zoo": ("train",)}
+PACKAGES = ("zoo", "budgets", "train", "benches")
+# package -> the project packages it must not import (the direction is benches -> train ->
+# zoo -> budgets: the benchmarks measure the product, which never needs them)
+FORBIDDEN = {"budgets": ("zoo", "train", "benches"), "zoo": ("train", "benches"),
+             "train": ("benches",)}
 
 
 @dataclass(frozen=True)
@@ -221,7 +228,8 @@ def edges() -> list[Edge]:
 def test_the_checker_reads_the_project(edges):
     """Guards the tests below against passing on an empty graph (a wrong ROOT, say)."""
     modules = modules_of(ROOT)
-    assert {"zoo.block", "budgets.rank.metrics", "train.cli"} <= set(modules)
+    assert {"zoo.block", "budgets.rank.metrics", "train.cli",
+            "benches.budgets.bench_ranks"} <= set(modules)
     assert any(e.source == "zoo.block" and e.target == "budgets" for e in edges)
 
 
@@ -232,8 +240,13 @@ def test_no_import_cycles(edges):
                     + "\n  ".join(describe_cycle(c) for c in cycles), pytrace=False)
 
 
+def _package(module: str) -> str:
+    return module.split(".")[0]
+
+
 def test_budgets_imports_neither_zoo_nor_train(edges):
-    bad = [e for e in layer_violations(edges) if e.source.split(".")[0] == "budgets"]
+    bad = [e for e in layer_violations(edges)
+           if _package(e.source) == "budgets" and _package(e.target) in ("zoo", "train")]
     if bad:
         pytest.fail("budgets is the leaf and must not import zoo or train:\n  "
                     + "\n  ".join(f"{e.where}: {e.source} imports {e.target}" for e in bad),
@@ -241,9 +254,18 @@ def test_budgets_imports_neither_zoo_nor_train(edges):
 
 
 def test_zoo_does_not_import_train(edges):
-    bad = [e for e in layer_violations(edges) if e.source.split(".")[0] == "zoo"]
+    bad = [e for e in layer_violations(edges)
+           if _package(e.source) == "zoo" and _package(e.target) == "train"]
     if bad:
         pytest.fail("zoo must not import train:\n  "
+                    + "\n  ".join(f"{e.where}: {e.source} imports {e.target}" for e in bad),
+                    pytrace=False)
+
+
+def test_the_product_does_not_import_benches(edges):
+    bad = [e for e in layer_violations(edges) if _package(e.target) == "benches"]
+    if bad:
+        pytest.fail("benches/ measures zoo, budgets and train; none of them may import it:\n  "
                     + "\n  ".join(f"{e.where}: {e.source} imports {e.target}" for e in bad),
                     pytrace=False)
 
@@ -334,6 +356,17 @@ def test_checker_finds_zoo_importing_train(tmp_path):
     bad = layer_violations(import_edges(plant(tmp_path, files)))
     assert [(e.source, e.target, e.where) for e in bad] == [
         ("zoo.softmax", "train.cli", "zoo/softmax.py:3")]
+
+
+def test_checker_finds_the_product_importing_benches(tmp_path):
+    files = {**CLEAN, "benches/bench_x.py": "import train.cli\nfrom zoo import Block\n",
+             "train/experiment/stages.py": CLEAN["train/experiment/stages.py"]
+             + "\ndef bench():\n    from benches import bench_x\n",
+             "budgets/metrics.py": "from benches.bench_x import run\n"}
+    bad = layer_violations(import_edges(plant(tmp_path, files)))
+    assert sorted((e.where, e.target) for e in bad) == [  # benches itself may import anything
+        ("budgets/metrics.py:1", "benches.bench_x"),
+        ("train/experiment/stages.py:8", "benches.bench_x")]
 
 
 def test_checker_finds_a_planted_private_import(tmp_path):
@@ -460,3 +493,237 @@ def test_the_subpackage_check_finds_a_planted_cycle(tmp_path):
     (cycle,) = find_cycles(subpackage_edges(edges))  # ... but between the two jobs
     assert {(e.source, e.target) for e in cycle} == {("train.render", "train.rundir"),
                                                      ("train.rundir", "train.render")}
+
+
+# ------------------------------------------------------------------ budgets' own cut
+
+def test_budgets_subpackages_form_no_cycle(edges):
+    """budgets/ is cut by job into rank/, probe/, hf/, advice/, report/ beside budget.py
+    and schema.py: the cut stays one-way, so each job reads only those below it."""
+    cycles = find_cycles(subpackage_edges(edges, "budgets"))
+    if cycles:
+        pytest.fail("budgets/'s subpackages import each other:\n  "
+                    + "\n  ".join(describe_cycle(c) for c in cycles), pytrace=False)
+
+
+def test_the_budgets_cut_check_finds_a_planted_cycle(tmp_path):
+    files = {**CLEAN, "budgets/rank/__init__.py": "", "budgets/advice/__init__.py": "",
+             "budgets/rank/spectra.py": "def spectrum():\n    pass\n",
+             "budgets/rank/metrics.py": "def f():\n    from ..advice.kv import kv_advice\n",
+             "budgets/advice/kv.py": "from ..rank.spectra import spectrum\n\n"
+                                     "def kv_advice():\n    pass\n"}
+    edges = import_edges(plant(tmp_path, files))
+    assert not find_cycles(edges)  # no cycle between modules ...
+    (cycle,) = find_cycles(subpackage_edges(edges, "budgets"))  # ... but between two jobs
+    assert {(e.source, e.target) for e in cycle} == {("budgets.advice", "budgets.rank"),
+                                                     ("budgets.rank", "budgets.advice")}
+
+
+# the Hugging Face extra is optional: budgets works on any torch module without it, and
+# budgets/hf/ is its one reader of Hugging Face models
+BUDGETS_RULES = (
+    Rule("transformers", ("budgets.hf",),
+         "budgets/hf/ is budgets' one reader of Hugging Face models; the rest of budgets "
+         "measures any torch module, without the hf extra"),
+)
+
+
+def test_only_budgets_hf_imports_transformers_inside_budgets():
+    bad = rule_violations(library_imports(ROOT, ("budgets",)), BUDGETS_RULES)
+    if bad:
+        pytest.fail("transformers imported in budgets/ outside budgets/hf/:\n  "
+                    + "\n  ".join(bad), pytrace=False)
+
+
+def test_the_budgets_rule_finds_a_planted_transformers_import(tmp_path):
+    files = {**CLEAN, "budgets/hf/__init__.py": "",
+             "budgets/hf/capture.py": "def f():\n    from transformers import masking_utils\n",
+             "budgets/metrics.py": CLEAN["budgets/metrics.py"]
+             + "def g():\n    import transformers.modeling_utils\n",
+             "train/hf/model_dir.py": "import transformers\n"}  # train's is not budgets' rule
+    bad = rule_violations(library_imports(plant(tmp_path, files), ("budgets",)), BUDGETS_RULES)
+    assert [line.split(" (")[0] for line in bad] == [
+        "budgets/metrics.py:10: budgets.metrics imports transformers.modeling_utils"]
+
+
+# ------------------------------------------------------------------ transformers' registries
+
+# transformers' attention tables are process-global: a function registered under a name
+# serves every model that attends by that name. One module registers there, the capture
+# (and takes its entry out again); a second would shadow or remove the other's.
+REGISTRIES = ("AttentionInterface", "ALL_ATTENTION_FUNCTIONS", "AttentionMaskInterface",
+              "ALL_MASK_ATTENTION_FUNCTIONS")
+REGISTRAR = "budgets.hf.capture"
+REGISTER_METHODS = ("register", "update", "setdefault", "__setitem__")
+
+
+def _is_registry(node: ast.AST, names: set[str]) -> bool:
+    """A registry by its own name (`transformers.AttentionInterface` too) or an alias."""
+    return ((isinstance(node, ast.Name) and node.id in names)
+            or (isinstance(node, ast.Attribute) and node.attr in REGISTRIES))
+
+
+def _returned_registries(tree: ast.AST, names: set[str]) -> dict[str, set[int | None]]:
+    """Function name -> the positions of registries in the tuple it returns (None: it
+    returns one itself), for the module's functions that hand registries out."""
+    out: dict[str, set[int | None]] = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for ret in ast.walk(fn):
+            if not isinstance(ret, ast.Return) or ret.value is None:
+                continue
+            if _is_registry(ret.value, names):
+                out.setdefault(fn.name, set()).add(None)
+            elif isinstance(ret.value, ast.Tuple):
+                out.setdefault(fn.name, set()).update(
+                    i for i, e in enumerate(ret.value.elts) if _is_registry(e, names))
+    return out
+
+
+def registry_names(tree: ast.AST) -> set[str]:
+    """The names that stand for a registry in one module: its own names, their import
+    aliases, and names bound from them (`table = ALL_ATTENTION_FUNCTIONS`, or unpacked from
+    a call of a function of the module that returns them, as capture.py's
+    `functions, masks, ... = transformers_attention()`). Module-wide, not per scope."""
+    names = set(REGISTRIES)
+    names |= {a.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              for a in node.names if a.name in REGISTRIES and a.asname}
+    while True:
+        returns, found = _returned_registries(tree, names), set(names)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            call = node.value.func.id if (isinstance(node.value, ast.Call) and isinstance(
+                node.value.func, ast.Name)) else None
+            for target in node.targets:
+                if isinstance(target, ast.Name) and (_is_registry(node.value, names)
+                                                     or None in returns.get(call, ())):
+                    found.add(target.id)
+                elif isinstance(target, ast.Tuple) and call in returns:
+                    found |= {e.id for i, e in enumerate(target.elts)
+                              if i in returns[call] and isinstance(e, ast.Name)}
+        if found == names:
+            return names
+        names = found
+
+
+def registrations(root: Path, packages=PACKAGES) -> list[tuple[str, str]]:
+    """(module, "file:line") of every registration into transformers' attention tables:
+    `<registry>.register(...)` (or update, setdefault), and an item assigned or deleted
+    (`ALL_ATTENTION_FUNCTIONS[name] = f`, `del table[name]`). Reading one is not counted."""
+    found = []
+    for module, path in modules_of(root, packages).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names, rel = registry_names(tree), path.relative_to(root).as_posix()
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in REGISTER_METHODS
+                    and _is_registry(node.func.value, names)):
+                found.append((module, rel, node.lineno))
+            targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                       else [])
+            found += [(module, rel, node.lineno) for t in targets
+                      if isinstance(t, ast.Subscript) and _is_registry(t.value, names)]
+    return [(module, f"{rel}:{line}") for module, rel, line in sorted(found)]
+
+
+def test_one_module_registers_attention_functions():
+    found = registrations(ROOT)
+    # guards the rule against passing blind: it sees the capture's own entry
+    assert any(module == REGISTRAR for module, _ in found), found
+    bad = [where for module, where in found if module != REGISTRAR]
+    if bad:
+        pytest.fail(f"registrations into transformers' attention tables outside {REGISTRAR} "
+                    "(budgets/hf/capture.py is the one module that registers there):\n  "
+                    + "\n  ".join(bad), pytrace=False)
+
+
+def test_the_registry_rule_finds_planted_registrations(tmp_path):
+    capture = ("def tables():\n"
+               "    from transformers.masking_utils import AttentionMaskInterface\n"
+               "    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n"
+               "    return ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface\n\n"
+               "def capture(f, m):\n"
+               "    functions, masks = tables()\n"
+               "    masks.register('mine', m)\n"
+               "    functions['mine'] = f\n"
+               "    del functions['mine']\n")
+    surgery = ("import transformers\n"
+               "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as table\n\n"
+               "def attach(f, m):\n"
+               "    original = table['sdpa']\n"  # reading: not a registration
+               "    table['other'] = f\n"
+               "    transformers.AttentionInterface.register('other', f)\n"
+               "    transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS.update(o=m)\n"
+               "    return original\n")
+    files = {**CLEAN, "budgets/hf/__init__.py": "", "budgets/hf/capture.py": capture,
+             "train/commands/__init__.py": "", "train/commands/surgery.py": surgery}
+    found = registrations(plant(tmp_path, files))
+    assert found == [
+        ("budgets.hf.capture", "budgets/hf/capture.py:8"),
+        ("budgets.hf.capture", "budgets/hf/capture.py:9"),
+        ("budgets.hf.capture", "budgets/hf/capture.py:10"),
+        ("train.commands.surgery", "train/commands/surgery.py:6"),
+        ("train.commands.surgery", "train/commands/surgery.py:7"),
+        ("train.commands.surgery", "train/commands/surgery.py:8")]
+
+
+# ------------------------------------------------------------------ train/render/ draws
+
+# train/render/ draws what its caller hands it; the run directory is read by
+# train/rundir/read.py. Calls that read a file, by name (`open(...)`, `path.read_text()`,
+# budgets.schema's read_text(path), `budgets.load_report(path)`) and json.load.
+RENDER = "train.render"
+FILE_READERS = ("open", "read_text", "read_bytes", "read_yaml", "load_report")
+RUN_READER = "train.rundir.read"
+
+
+def render_reads(root: Path, edges: list[Edge]) -> list[str]:
+    """One line per import of train/rundir/read.py and per file read in train/render/."""
+    bad = [f"{e.where}: {e.source} imports {e.target}" for e in edges
+           if _under(e.source, RENDER) and _under(e.target, RUN_READER)]
+    for module, path in modules_of(root, ("train",)).items():
+        if not _under(module, RENDER):
+            continue
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(
+                f, ast.Attribute) else None
+            json_load = (isinstance(f, ast.Attribute) and f.attr == "load"
+                         and isinstance(f.value, ast.Name) and f.value.id == "json")
+            if name in FILE_READERS or json_load:
+                bad.append(f"{rel}:{node.lineno}: {module} reads a file ({ast.unparse(f)})")
+    return bad
+
+
+def test_render_reads_no_run_directory(edges):
+    bad = render_reads(ROOT, edges)
+    if bad:
+        pytest.fail("train/render/ draws the data its caller passes in and reads no file "
+                    "(train/rundir/read.py reads the run directory):\n  " + "\n  ".join(bad),
+                    pytrace=False)
+
+
+def test_the_render_rule_finds_planted_reads(tmp_path):
+    plots = ("import json\nfrom pathlib import Path\n\n"
+             "from ..rundir.files import atomic_path\n\n"  # writing figures is its job
+             "def f(p):\n"
+             "    from ..rundir.read import rank_records\n"
+             "    with open(p) as fh:\n"
+             "        json.load(fh)\n"
+             "    return Path(p).read_text(), json.loads('{}')\n")
+    files = {**CLEAN, "train/render/__init__.py": "", "train/render/plots.py": plots,
+             "train/rundir/__init__.py": "", "train/rundir/files.py": "",
+             "train/rundir/read.py": "def rank_records(p):\n    return open(p).read()\n"}
+    root = plant(tmp_path, files)
+    bad = render_reads(root, import_edges(root))
+    assert [line.split(" (")[0] for line in bad] == [
+        "train/render/plots.py:7: train.render.plots imports train.rundir.read",
+        "train/render/plots.py:8: train.render.plots reads a file",
+        "train/render/plots.py:9: train.render.plots reads a file",
+        "train/render/plots.py:10: train.render.plots reads a file"]

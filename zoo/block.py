@@ -27,11 +27,33 @@ Helpers the blocks share: `Block.add_projections` (the q/k/v/o projections every
 block builds), `apply_linear` (a projection, adapters included), `split_heads` (a projection
 split into heads) and `decode_step_backend` (the backend of a one-token decoding step); the
 torch kernels share `zoo.ops.precision.upcast_16bit`.
+
+What `rankzoo compress` reads of a block's cache (train/commands/compress/zoo_surgery.py),
+by the kind its facts declare (Facts.cache), so that a new block of a known kind needs no
+edit there:
+
+  every kind   cache_slots()          the matrices cached per layer, as CacheSlots
+               describe_cache()       `4 KV heads x (K 16 + V 16)`: the cache in words
+  kv           keys_values(x, offset) keys (rotated) and values as cached [B, G, T, K]; the
+                                      method compress wraps to project rotated keys
+               k_proj, v_proj         the linears whose rows give keys before RoPE and
+                                      values per KV head (add_projections' names)
+               cache_readout(x)       what reads the cache (CacheReadout), or None where no
+                                      one W_O reads it (MoE's routed experts)
+  latent       latents(x, offset)     (the latent cached per token [B, T, R], ...)
+               kv_up                  the linear that reads the latent
+               absorbed_weights(dt)   its per-head key and value parts [H, dn, R], [H, dv, R]
+               cache_readout(x)       the queries of the part keys read from the latent
+  state        state_rows(x)          what writes the state's rows and what reads them,
+                                      [B, G, T, N] each (linear: phi(k), phi(q); SSM: B, C)
+               write_rows(rows)       the identity the forward passes the writer through:
+                                      the method compress patches to project the rows
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +82,34 @@ def split_heads(proj: nn.Module, x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """proj(x) for x [B, T, D], split into n_heads heads: [B, n_heads, T, width / n_heads]."""
     B, T, _ = x.shape
     return apply_linear(proj, x).view(B, T, n_heads, -1).transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class CacheSlot:
+    """One matrix kind a block caches per layer, as compress projects it: per head a basis
+    of its own, of dimension `width`."""
+
+    name: str  # "k" (keys), "v" (values), "latent", "state"
+    heads: int
+    width: int
+    window: int | None = None  # a sliding window's W: the cache holds min(W, T) tokens
+    # a state's elements per kept direction and sequence (linear attention: the V + 1
+    # columns of its state); None: one code per token and kept direction
+    columns: int | None = None
+    fixed_per_token: int = 0  # elements cached in full beside it, per token (MLA's RoPE key)
+    fixed_per_sequence: int = 0  # ... per sequence (an SSM's conv state)
+
+
+class CacheReadout(NamedTuple):
+    """What reads an attention cache, for bases that weigh its errors as the output sees
+    them (train/commands/compress/readout.py)."""
+
+    queries: torch.Tensor  # [B, H, T, K] the queries (or the part of them) reading the keys
+    probs: torch.Tensor  # [B, H, T, S] the attention
+    values: torch.Tensor  # [B, G, S, V] per KV head (MLA: per query head, G = H)
+    w_o: torch.Tensor  # [D, H*V] the output projection, nn.Linear's [out, in]
+    scale2: float  # the logits' scale squared: 1 / K for q . k / sqrt(K)
+    rope: bool  # the keys read are rotated: their weight is averaged over the rotation
 
 
 def decode_step_backend(requested: str, cache: Any, seq_len: int, step: str) -> str:
@@ -170,6 +220,13 @@ class Block(nn.Module):
 
     def inference_state(self, cache: Any) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    # What compress reads of the cache (module docstring), besides the kind's own members.
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        raise NotImplementedError(f"{type(self).__name__} declares no cache slots")
+
+    def describe_cache(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} does not describe its cache")
 
     # The hooks each block implements.
     def _forward(self, x: torch.Tensor, cache: Any) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import budgets
 from budgets import RankBudget
 
-from .block import Block, decode_step_backend, split_heads
+from .block import Block, CacheSlot, decode_step_backend, split_heads
 from .config import StrictConfig, positive_int, require
 from .facts import Check, Facts, Sizing
 from .ops.linear_attn import LINEAR_ATTN, LinearAttnSpec, linear_attn_matrix
@@ -151,8 +151,18 @@ class LinearAttention(Block):
         """phi(q), phi(k) [B, H, T, F] and v [B, H, T, V] of x [B, T, D]."""
         H = self.config.n_heads
         q = self.feature_map(split_heads(self.q_proj, x, H))
-        k = self.feature_map(split_heads(self.k_proj, x, H))
+        k = self.write_rows(self.feature_map(split_heads(self.k_proj, x, H)))
         return q, k, split_heads(self.v_proj, x, H)
+
+    def write_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """phi(k) [B, H, T, F], the writer of the state's F rows, as every path takes it:
+        the identity (compress wraps it to project the rows)."""
+        return rows
+
+    def state_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What writes the state's rows and what reads them: phi(k), phi(q) [B, H, T, F]."""
+        q, k, _ = self.features(x)
+        return k, q
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per head [B, H, T, V]."""
@@ -219,6 +229,15 @@ class LinearAttention(Block):
             "value": self.v_proj.weight.float().T,  # [D, H*V]
             "out": self.o_proj.weight.float(),  # [D, H*V]
         }
+
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        """The state per head: F rows of V (+ 1, normalizing) columns."""
+        c = self.config
+        return (CacheSlot("state", c.n_heads, c.f_dim, columns=c.head_dim + int(c.normalize)),)
+
+    def describe_cache(self) -> str:
+        c = self.config
+        return f"{c.n_heads} heads x state F {c.f_dim} x {c.head_dim + int(c.normalize)}"
 
     def inference_state(self, cache: LinearCache) -> dict[str, torch.Tensor]:
         """The state S per head [B, H, F, V] (the key-sum column z left out)."""

@@ -31,7 +31,7 @@ from torch import nn
 import budgets
 from budgets import RankBudget
 
-from .block import Block, apply_linear
+from .block import Block, CacheReadout, CacheSlot, apply_linear
 from .config import StrictConfig, positive_int, require
 from .facts import Facts, Sizing
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
@@ -269,6 +269,24 @@ class MultiHeadLatentAttention(Block):
             "value": (w_uv.reshape(H * c.value_dim, R) @ w_dkv).T,  # [D, H*dv]
             "out": self.o_proj.weight.float().clone(),  # [D, H*dv]
         }
+
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        """The latent, one head of width R; the RoPE key beside it cached in full."""
+        c = self.config
+        return (CacheSlot("latent", 1, c.latent, fixed_per_token=c.rope_dim),)
+
+    def describe_cache(self) -> str:
+        c = self.config
+        return f"latent R {c.latent} (+ RoPE key {c.rope_dim}, kept)"
+
+    def cache_readout(self, x: torch.Tensor) -> CacheReadout:
+        """What reads the latent: each head's queries of the keys' nope part (the RoPE
+        part reads the RoPE key, not the latent), the attention, the values per head and
+        W_O, for x [B, T, D]."""
+        q, _, v = self.project(x)  # [B, H, T, dn + dr], [B, H, T, dv]
+        q_nope = q[..., :self.config.nope_dim]
+        return CacheReadout(q_nope, self.mixing_matrices(x), v, self.o_proj.weight,
+                            self.scale ** 2, False)
 
     def inference_state(self, cache: LatentCache) -> dict[str, torch.Tensor]:
         n = cache.length

@@ -44,7 +44,7 @@ from torch import nn
 
 from budgets import RankBudget, attention_budget
 
-from .block import Block, apply_linear
+from .block import Block, CacheSlot, apply_linear
 from .config import StrictConfig, positive_int, require
 from .facts import Facts, Sizing
 from .ops.attention import ATTENTION, AttnSpec, attention_probs, reference_attention
@@ -154,8 +154,10 @@ class MoEAttention(Block):
     def _rope(self, t: torch.Tensor, offset: int) -> torch.Tensor:
         return apply_rope(t, offset, self.config.rope_base) if self.config.rope else t
 
-    def shared_kv(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The one key [B, 1, T, K] (rotated) and value [B, 1, T, V] all heads share."""
+    def keys_values(self, x: torch.Tensor, offset: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one key [B, 1, T, K] (rotated) and value [B, 1, T, V] all heads share: what
+        the cache holds, the one place every path takes them from."""
         k = apply_linear(self.k_proj, x)[:, None]
         v = apply_linear(self.v_proj, x)[:, None]
         return self._rope(k, offset), v
@@ -193,7 +195,7 @@ class MoEAttention(Block):
         order, tokens, counts = self._dispatch(experts)
         q = self._slot_queries(x, order, tokens, counts).view(B, T, c.top_k, -1)
         q = self._rope(q.transpose(1, 2), offset)  # [B, k, T, K]: slot j of every token
-        k, v = self.shared_kv(x, offset)
+        k, v = self.keys_values(x, offset)
         if cache is not None:
             k, v = cache.append(k, v)  # [B, 1, Tk, K]
         backend = ATTENTION.resolve(c.backend, AttnSpec.of(q, k, v, window=None))
@@ -210,7 +212,7 @@ class MoEAttention(Block):
         dense_gates = torch.zeros(*x.shape[:2], c.n_heads, dtype=gates.dtype, device=x.device)
         dense_gates = dense_gates.scatter(-1, experts, gates).to(x.dtype)  # [B, T, E]
         q = torch.einsum("btd,ekd->betk", x, self.q_experts.to(x.dtype))  # [B, E, T, K]
-        k, v = self.shared_kv(x)
+        k, v = self.keys_values(x)
         o = reference_attention(self._rope(q, 0), k, v, window=None, scale=self.scale)
         heads = torch.einsum("betv,edv->betd", o, self.o_experts.to(x.dtype))  # [B, E, T, D]
         return torch.einsum("bte,betd->btd", dense_gates, heads)
@@ -229,13 +231,13 @@ class MoEAttention(Block):
         experts, _ = self.routing(x)  # [B, T, k]
         q_all = torch.einsum("btd,ekd->btek", x, self.q_experts.float())  # [B, T, E, K]
         q = q_all.gather(2, experts[..., None].expand(-1, -1, -1, q_all.shape[-1]))
-        k, _ = self.shared_kv(x)
+        k, _ = self.keys_values(x)
         return attention_probs(self._rope(q.transpose(1, 2), 0), k, window=None,
                                scale=self.scale)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The shared value head [B, 1, T, V]."""
-        return self.shared_kv(x)[1]
+        return self.keys_values(x)[1]
 
     def _weight_matrices(self) -> dict[str, torch.Tensor]:
         wq, wk = self.q_experts.float(), self.k_proj.weight.float()  # [E, K, D], [K, D]
@@ -244,6 +246,20 @@ class MoEAttention(Block):
             "value": self.v_proj.weight.float().T.clone(),  # [D, V]
             "out": self.o_experts.float().transpose(0, 1).reshape(self.config.d_model, -1),
         }
+
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        """The shared key and value, one KV head (as MQA)."""
+        K = self.config.k_dim
+        return CacheSlot("k", 1, K), CacheSlot("v", 1, K)
+
+    def describe_cache(self) -> str:
+        K = self.config.k_dim
+        return f"1 KV heads x (K {K} + V {K})"
+
+    def cache_readout(self, x: torch.Tensor) -> None:
+        """None: the queries and outputs that read the cache are the routed experts', no
+        one W_O (compress fits energy bases)."""
+        return None
 
     def inference_state(self, cache: KVCache) -> dict[str, torch.Tensor]:
         n = cache.length

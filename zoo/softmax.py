@@ -16,7 +16,7 @@ import torch
 import budgets
 from budgets import RankBudget, attention_budget
 
-from .block import Block, split_heads
+from .block import Block, CacheReadout, CacheSlot, split_heads
 from .config import StrictConfig, positive_int, require
 from .facts import Facts, Sizing, divisors
 from .ops.attention import ATTENTION, AttnSpec, attention_probs
@@ -118,11 +118,18 @@ class SoftmaxAttention(Block):
         """Queries, keys and values of x [B, T, D], rotated for positions offset + t."""
         c = self.config
         q = split_heads(self.q_proj, x, c.n_heads)  # [B, H, T, K]
+        if c.rope:
+            q = apply_rope(q, offset, c.rope_base)
+        return (q, *self.keys_values(x, offset))
+
+    def keys_values(self, x: torch.Tensor, offset: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys (rotated for positions offset + t) and values the cache holds, as the
+        forward and the mixing take them: [B, G, T, K], [B, G, T, V]."""
+        c = self.config
         k = split_heads(self.k_proj, x, c.kv_heads)  # [B, G, T, K]
         v = split_heads(self.v_proj, x, c.kv_heads)  # [B, G, T, V]
-        if c.rope:
-            q, k = apply_rope(q, offset, c.rope_base), apply_rope(k, offset, c.rope_base)
-        return q, k, v
+        return (apply_rope(k, offset, c.rope_base) if c.rope else k), v
 
     def _forward(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -177,6 +184,24 @@ class SoftmaxAttention(Block):
             "value": self.v_proj.weight.float().T,  # [D, G*V]
             "out": self.o_proj.weight.float(),  # [D, H*V]
         }
+
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        """Keys and values per KV head (V = K), of the last W tokens under a window."""
+        c = self.config
+        return (CacheSlot("k", c.kv_heads, c.k_dim, window=self.window),
+                CacheSlot("v", c.kv_heads, c.k_dim, window=self.window))
+
+    def describe_cache(self) -> str:
+        c = self.config
+        return f"{c.kv_heads} KV heads x (K {c.k_dim} + V {c.k_dim})"
+
+    def cache_readout(self, x: torch.Tensor) -> CacheReadout:
+        """The rotated queries (RoPE keeps each pair's energy), the attention, the values
+        per KV head and W_O: what reads the keys and values of x [B, T, D]."""
+        q, _, v = self.project(x)  # [B, H, T, K], [B, G, T, V]
+        c = self.config
+        return CacheReadout(q, self.mixing_matrices(x), v, self.o_proj.weight, 1 / c.k_dim,
+                            c.rope)
 
     def inference_state(self, cache: KVCache) -> dict[str, torch.Tensor]:
         B, n = cache.k.shape[0], cache.length

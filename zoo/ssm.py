@@ -31,7 +31,7 @@ from torch import nn
 import budgets
 from budgets import RankBudget
 
-from .block import Block, apply_linear, decode_step_backend
+from .block import Block, CacheSlot, apply_linear, decode_step_backend
 from .config import StrictConfig, positive_int, positive_number, require
 from .facts import Check, Facts, Sizing
 from .ops.conv import CONV, ConvSpec
@@ -167,10 +167,21 @@ class Mamba2(Block):
             [c.d_inner, c.n_groups * c.d_state, c.n_groups * c.d_state], dim=-1)
         xs = xs.reshape(b, T, c.n_heads, c.head_dim)  # [B, T, H, P]
         B = B.reshape(b, T, c.n_groups, c.d_state)  # [B, T, G, N]
+        B = self.write_rows(B.transpose(1, 2)).transpose(1, 2)  # the state's writer
         C = C.reshape(b, T, c.n_groups, c.d_state)  # [B, T, G, N]
         dt = F.softplus(dt + self.dt_bias.to(x.dtype))  # [B, T, H]
         A = -torch.exp(self.A_log.to(x.dtype))  # [H]
         return z, xs, dt, A, B, C, conv_state
+
+    def write_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """B [B, G, T, N], the writer of the state's N rows per group, as every path takes
+        it: the identity (compress wraps it to project the rows)."""
+        return rows
+
+    def state_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What writes the state's rows and what reads them: B, C [B, G, T, N]."""
+        B, C = self.project(x)[4:6]  # [B, T, G, N] each
+        return B.transpose(1, 2), C.transpose(1, 2)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The values the scan mixes, per head [B, H, T, P]: the conv's x channels."""
@@ -254,6 +265,19 @@ class Mamba2(Block):
             "value": wx.T,  # [D, d_inner]: the x slice of in_proj
             "out": self.out_proj.weight.float(),  # [D, d_inner]
         }
+
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        """The state per B/C group: N rows of P columns for each of its heads (B is shared
+        by a group's heads); the conv state cached in full beside it."""
+        c = self.config
+        return (CacheSlot("state", c.n_groups, c.d_state,
+                          columns=c.n_heads // c.n_groups * c.head_dim,
+                          fixed_per_sequence=c.conv_dim * (c.d_conv - 1)),)
+
+    def describe_cache(self) -> str:
+        c = self.config
+        return (f"{c.n_groups} groups x state N {c.d_state} (x {c.n_heads // c.n_groups} "
+                f"heads x P {c.head_dim}), conv state kept")
 
     def inference_state(self, cache: SSMCache) -> dict[str, torch.Tensor]:
         """The SSM state per head [B, H, P, N]. The conv state (d_conv - 1 inputs) is cached

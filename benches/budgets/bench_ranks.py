@@ -126,8 +126,9 @@ def scale_child(T: int) -> dict:
 def bench_scale(lengths=(8192, 32768)) -> list[dict]:
     rows = []
     for T in lengths:
-        out = subprocess.run([sys.executable, "-m", "benches.budgets.bench_ranks", "--child", str(T)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "benches.budgets.bench_ranks", "--child", str(T)],
+            capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout))
     return rows
 

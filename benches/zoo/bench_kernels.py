@@ -1,6 +1,7 @@
 """Benchmarks: commands that print figures measured in one run, as ratios.
 
-    python -m benches.zoo.bench_kernels softmax [--seq-len 1024] [--batch 4] [--d-model 256] [--n-heads 4]
+    python -m benches.zoo.bench_kernels softmax [--seq-len 1024] [--batch 4] [--d-model 256] \
+        [--n-heads 4]
     python -m benches.zoo.bench_kernels ssd [--repeats 20]
 
 Times are medians over repeats after a warm-up; ratios compare paths measured in the same
@@ -321,7 +322,8 @@ BENCHMARKS = {"softmax": bench_softmax, "recurrent": bench_recurrent,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benches.zoo.bench_kernels", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benches.zoo.bench_kernels",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(BENCHMARKS))
     parser.add_argument("--seq-len", type=int, default=1024)

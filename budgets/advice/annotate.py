@@ -2,7 +2,6 @@
 
     annotate(report)                      # adds verdicts, head classes, "advice", ...
     annotate(report, VerdictThresholds(saturated=0.8, cache_dtype="float16"))
-    check_advice(report)                  # [] when every advised bound holds on the probe
 
 annotate adds the verdicts per axis row and the collapse per layer (budgets/advice/verdicts.py),
 then the advice below.
@@ -10,9 +9,9 @@ then the advice below.
 Advice is given only for a variant that finished and learned (its `status`, when it has
 one): otherwise one "no_advice" item says why. Every advised bound holds on the probe: it is
 rank_eps_max (max over every sample of the batch) maxed over heads, rounded up; it is
-checked against those figures before it is emitted and carries "conditions": {eps,
-batch_size, seq_len, checked, max_observed}; check_advice(report) re-verifies the advice of
-a report against its figures. A probe without rank_eps_max (older files) gets no bound
+checked against those figures before it is emitted (CHECKS: one check per kind of bound,
+each naming what it finds broken) and carries "conditions": {eps, batch_size, seq_len,
+checked, max_observed}. A probe without rank_eps_max (older files) gets no bound
 advice on data-dependent ranks, and one note saying so.
   cheaper_block per layer: the past->future rank m (max over samples and heads) is <=
                 cheaper_block_util * declared, decided (not a matrix-free lower bound), and
@@ -238,25 +237,10 @@ def _check_lora(item: dict, variant: dict) -> list[str]:
     return []
 
 
+# kind -> check(item, variant): one line per bound of the item that the figures break, []
+# when all hold; annotate emits only the items whose check is empty (_verified)
 CHECKS = {"cheaper_block": _check_cheaper_block, "kv_cache": _check_kv,
           "lora_rank": _check_lora}
-
-
-def check_advice(report: dict) -> list[str]:
-    """Every advised bound of `report` re-verified against the figures it rests on (the
-    max over samples and heads); one line per violation, [] when all hold."""
-    variants = {v["variant"]: v for v in report["variants"]}
-    bad = []
-    for item in report.get("advice", []):
-        check = CHECKS.get(item["kind"])
-        if check is None:
-            continue
-        variant = variants.get(item.get("variant"))
-        if variant is None:
-            bad.append(f"{item['kind']} advice for unknown variant {item.get('variant')!r}")
-            continue
-        bad += check(item, variant)
-    return bad
 
 
 # ---------------------------------------------------------------- annotate

@@ -4,16 +4,16 @@ bytes, from the ranks the probe measured per KV head (budgets/advice/annotate.py
     kv_option(layer["kv_heads"], "k_pre_rope", nbytes=2, T=1024)
     # {"rank_k": [...], "rank_v": [...], "cost_model": "shared_basis", "ratio": ...}
 
-One cost model, the one `rankzoo compress` measures (COST_MODELS["shared_basis"]): one
-basis per KV head fitted once on calibration data and shared by every sequence. Its bytes
-(K r_k + V r_v per head) are a weight, paid once per model; the cache holds the codes
-alone, (r_k + r_v) per token and KV head, against (K + V) for the full cache. The rank
-such a basis needs is that of the probe's sequences stacked, [B*T, K] per head
+One cost model, the one `rankzoo compress` measures (CostModel.SHARED, budgets/cache.py):
+one basis per KV head fitted once on calibration data and shared by every sequence. Its
+bytes (K r_k + V r_v per head) are a weight, paid once per model; the cache holds the
+codes alone, (r_k + r_v) per token and KV head, against (K + V) for the full cache. The
+rank such a basis needs is that of the probe's sequences stacked, [B*T, K] per head
 (`rank_eps_pooled`, rounded up): per-sequence ranks understate it.
 
 A probe written before rankzoo measured pooled ranks has only the per-sequence maxima
 (`rank_eps_max`): its advice is for a basis fitted online per sequence
-(COST_MODELS["per_sequence_basis"]), its bytes paid once per sequence at the probe's T
+(CostModel.PER_SEQUENCE), its bytes paid once per sequence at the probe's T
 (lowrank_cache_bytes, the one formula), and says so. Keys after RoPE and, with RoPE,
 before it (what low-rank KV methods compress).
 """
@@ -22,19 +22,10 @@ from __future__ import annotations
 
 import math
 
+from ..cache import CostModel, Keys, cache_size, full_cache_bytes, lowrank_cache_bytes
 from .verdicts import VerdictThresholds
 
 COMPRESS = "to be checked with `rankzoo compress`"
-# cost model -> (the per-head figure its ranks come from, how the text states it)
-COST_MODELS = {
-    "shared_basis": ("rank_eps_pooled", "one basis per KV head shared by every sequence: a "
-                     "weight paid once per model, the cache holding the codes alone (what "
-                     "`rankzoo compress` fits and measures)"),
-    "per_sequence_basis": ("rank_eps_max", "a basis fitted per sequence, paid once per "
-                           "sequence at T (a probe from an older rankzoo, without pooled "
-                           "ranks: re-probe for the shared-basis advice)"),
-}
-KEY_LABEL = {"k_pre_rope": "keys before RoPE", "k": "keys after RoPE"}
 
 
 def ceil_rank(x: float) -> int:
@@ -63,31 +54,20 @@ def rests_on(variant: dict, pooled: bool = False) -> str:
             f"T = {variant['seq_len']}")
 
 
-def cost_model_of(kv: dict, key: str) -> str | None:
-    """shared_basis when the probe has pooled ranks for `key` and v, per_sequence_basis
-    when it has only per-sample maxima; None when it lacks those too."""
-    for model, (field, _) in COST_MODELS.items():
-        if max_of(kv.get(key, {}).get(field)) is not None and \
-                max_of(kv.get("v", {}).get(field)) is not None:
+def cost_model_of(kv: dict, key: str) -> CostModel | None:
+    """SHARED when the probe has pooled ranks for `key` and v, PER_SEQUENCE when it has
+    only per-sample maxima; None when it lacks those too."""
+    for model in CostModel:
+        if max_of(kv.get(key, {}).get(model.rank_field)) is not None and \
+                max_of(kv.get("v", {}).get(model.rank_field)) is not None:
             return model
     return None
 
 
-def lowrank_cache_bytes(widths, ranks, nbytes: int, T: int) -> dict:
-    """The one formula of a low-rank cache's bytes (kv advice here, `rankzoo compress`):
-    each cached matrix i of width_i kept as r_i codes per token, plus its width_i x r_i
-    basis once per sequence, at nbytes per element; amortized over T tokens."""
-    per_token = sum(r * nbytes for r in ranks)
-    basis = sum(w * r * nbytes for w, r in zip(widths, ranks, strict=True))
-    return {"bytes_per_token": per_token, "basis_bytes": basis,
-            "bytes_per_token_at_T": per_token + basis / T}
-
-
-def cache_size(per_token: float, basis: float, full: float, T: int, model: str) -> dict:
-    """The cache per token under `model` (per sequence: the bases amortized at T; shared:
-    the codes alone) and full / that."""
-    cache = per_token + (basis / T if model == "per_sequence_basis" else 0.0)
-    return {"cache_bytes_per_token": cache, "ratio": full / cache if cache else None}
+def kv_full_bytes(kv: dict, nbytes: int) -> int:
+    """The full cache of one layer's kv_heads figures, bytes per token: K + V per KV head."""
+    K = kv["head_dim"]
+    return full_cache_bytes([K, kv.get("v_head_dim", K)] * kv["n_kv_heads"], nbytes)
 
 
 def kv_option(kv: dict, key: str, nbytes: int, T: int) -> dict | None:
@@ -97,7 +77,7 @@ def kv_option(kv: dict, key: str, nbytes: int, T: int) -> dict | None:
     model = cost_model_of(kv, key)
     if model is None:
         return None
-    field = COST_MODELS[model][0]
+    field = model.rank_field
     K = kv["head_dim"]
     V = kv.get("v_head_dim", K)
     rk = [ceil_rank(x) for x in kv[key][field]]
@@ -106,48 +86,49 @@ def kv_option(kv: dict, key: str, nbytes: int, T: int) -> dict | None:
              for a, c in zip(rk, rv, strict=True)]
     per_token = [h["bytes_per_token"] for h in heads]
     basis = [h["basis_bytes"] for h in heads]
-    full = (K + V) * kv["n_kv_heads"] * nbytes
+    full = kv_full_bytes(kv, nbytes)
     return {"rank_k": rk, "rank_v": rv, "cost_model": model, "rank_field": field,
             "bytes_per_token": sum(per_token), "basis_bytes": sum(basis),
             **cache_size(sum(per_token), sum(basis), full, T, model),
             "per_head_bytes_per_token": per_token, "per_head_basis_bytes": basis}
 
 
-def _kv_keys(kv: dict) -> list[str]:
-    return ["k_pre_rope", "k"] if kv.get("rope") and "k_pre_rope" in kv else ["k"]
+def _kv_keys(kv: dict) -> list[Keys]:
+    """The keys the probe measured: before RoPE too where there is RoPE."""
+    both = kv.get("rope") and Keys.PRE_ROPE.field in kv
+    return [Keys.PRE_ROPE, Keys.POST_ROPE] if both else [Keys.POST_ROPE]
 
 
 def bytes_text(opt: dict, T: int) -> str:
     """`12 B/token of codes (2.67x; bases 1536 B, once per model)`, or the per-sequence
     form `12 B/token + 160 B of bases per sequence = 17.0 B/token at T = 32 (1.88x)`."""
     ratio = "-" if opt["ratio"] is None else f"{opt['ratio']:.2f}x"
-    if opt["cost_model"] == "shared_basis":
+    if opt["cost_model"] == CostModel.SHARED:
         return (f"{opt['bytes_per_token']} B/token of codes ({ratio}; bases "
                 f"{opt['basis_bytes']} B, once per model)")
     return (f"{opt['bytes_per_token']} B/token + {opt['basis_bytes']} B of bases per sequence "
             f"= {opt['cache_bytes_per_token']:.1f} B/token at T = {T} ({ratio})")
 
 
-def _option_text(key: str, opt: dict, T: int, rope: bool) -> str:
-    label = KEY_LABEL[key] if rope else "keys"
-    return (f"{label} (ranks {opt['rank_k']}) + values (ranks {opt['rank_v']}): "
-            + bytes_text(opt, T))
+def _option_text(keys: Keys, opt: dict, T: int, rope: bool) -> str:
+    return (f"{keys.label_for(rope)} (ranks {opt['rank_k']}) + values (ranks "
+            f"{opt['rank_v']}): " + bytes_text(opt, T))
 
 
 def _kv_layer(variant: dict, layer: dict, th: VerdictThresholds) -> dict | None:
     kv, T, b = layer["kv_heads"], variant["seq_len"], th.cache_bytes
-    options = {key: kv_option(kv, key, b, T) for key in _kv_keys(kv)}
+    keys = _kv_keys(kv)
+    options = {k.field: kv_option(kv, k.field, b, T) for k in keys}
     if any(opt is None for opt in options.values()):
         return None
-    model = next(iter(options.values()))["cost_model"]
-    field, how = COST_MODELS[model]
+    model = CostModel(next(iter(options.values()))["cost_model"])
     K, G = kv["head_dim"], kv["n_kv_heads"]
     V = kv.get("v_head_dim", K)
-    full = (K + V) * G * b
-    observed = {key: kv[key][field] for key in (*options, "v")}
+    full = kv_full_bytes(kv, b)
+    observed = {key: kv[key][model.rank_field] for key in (*options, "v")}
     top = max(max_of(xs) for xs in observed.values())
     name, i = variant["variant"], layer["layer"]
-    pooled = model == "shared_basis"
+    pooled = model == CostModel.SHARED
     return {
         "kind": "kv_cache", "variant": name, "layer": i, "dtype": th.cache_dtype,
         "bytes_per_element": b, "seq_len": T, "n_kv_heads": G, "head_dim": K, "v_head_dim": V,
@@ -157,34 +138,36 @@ def _kv_layer(variant: dict, layer: dict, th: VerdictThresholds) -> dict | None:
         "conditions": conditions(variant, top),
         "text": f"{name} layer {i}: KV cache at {th.cache_dtype} ({b} B/element), {G} KV "
                 f"heads x (K {K} + V {V}): full {full} B/token. A low-rank cache, "
-                + "; ".join(_option_text(k, o, T, bool(kv.get("rope")))
-                            for k, o in options.items())
-                + f". Ranks: {rests_on(variant, pooled)}; cost model: {how}; {COMPRESS}"}
+                + "; ".join(_option_text(k, options[k.field], T, bool(kv.get("rope")))
+                            for k in keys)
+                + f". Ranks: {rests_on(variant, pooled)}; cost model: {model.text}; "
+                  f"{COMPRESS}"}
 
 
 def _kv_summary(variant: dict, items: list[dict], th: VerdictThresholds) -> dict:
     name, T = variant["variant"], variant["seq_len"]
     full = sum(it["full_bytes_per_token"] for it in items)
-    models = {it["cost_model"] for it in items}
-    model = models.pop() if len(models) == 1 else "per_sequence_basis"
-    options = {}
-    for key in ("k_pre_rope", "k"):
-        if all(key in it["options"] for it in items):
-            per_token = sum(it["options"][key]["bytes_per_token"] for it in items)
-            basis = sum(it["options"][key]["basis_bytes"] for it in items)
-            options[key] = {"cost_model": model, "bytes_per_token": per_token,
-                            "basis_bytes": basis, **cache_size(per_token, basis, full, T, model)}
+    models = {CostModel(it["cost_model"]) for it in items}
+    model = models.pop() if len(models) == 1 else CostModel.PER_SEQUENCE
+    options, keys = {}, []
+    for k in Keys:
+        if all(k.field in it["options"] for it in items):
+            per_token = sum(it["options"][k.field]["bytes_per_token"] for it in items)
+            basis = sum(it["options"][k.field]["basis_bytes"] for it in items)
+            options[k.field] = {"cost_model": model, "bytes_per_token": per_token,
+                                "basis_bytes": basis,
+                                **cache_size(per_token, basis, full, T, model)}
+            keys.append(k)
     rope = any(it["rope"] for it in items)
-    parts = [f"{KEY_LABEL[k] if rope else 'keys'} + values: {bytes_text(o, T)}"
-             for k, o in options.items()]
-    pooled = model == "shared_basis"
+    parts = [f"{k.label_for(rope)} + values: {bytes_text(options[k.field], T)}" for k in keys]
+    pooled = model == CostModel.SHARED
     return {"kind": "kv_cache_summary", "variant": name, "layers": len(items),
             "dtype": th.cache_dtype, "full_bytes_per_token": full, "options": options,
             "cost_model": model, "conditions": conditions(variant, None),
             "text": f"{name}: KV cache over {len(items)} layers at {th.cache_dtype}: full "
                     f"{full} B/token; a low-rank cache of " + "; ".join(parts)
                     + f" (sum over layers; ranks: {rests_on(variant, pooled)}; cost model: "
-                      f"{COST_MODELS[model][1]}); {COMPRESS}: "
+                      f"{model.text}); {COMPRESS}: "
                     + compress_command(name, best_ratio({"options": options}) or None,
                                        variant.get("probed_from"))}
 
@@ -227,7 +210,7 @@ def no_saving(summary: dict, variant: dict, th: VerdictThresholds) -> dict:
     the probe needs are near the widths (or, per sequence, the bases cost about what the
     codes save at this T)."""
     T = variant["seq_len"]
-    how = ("one basis shared by every sequence" if summary["cost_model"] == "shared_basis"
+    how = ("one basis shared by every sequence" if summary["cost_model"] == CostModel.SHARED
            else "a basis per sequence, counted once per sequence")
     return {**summary, "kind": "finding", "topic": "no_saving",
             "text": f"{variant['variant']}: no low-rank KV saving at T = {T}: a low-rank cache "

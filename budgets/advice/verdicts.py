@@ -9,12 +9,13 @@ Per axis row, from utilization u = realized (mean over heads) / declared:
   saturated         u >= saturated (0.9): the cap binds; more rank might help
   healthy           between the two
   over-provisioned  u < over_provisioned (0.25): most of the declared rank goes unused
-Per layer: heads are classified (budgets/advice/head_classes.py; the rules go to report["head_rules"]);
-heads whose centered energy is below HeadRules.dead_energy of the raw have no valid centered
-figures, so mixing_centered_erank averages the other heads (null if none) and
-"centered_na" says how many were left out. collapsed: that centered mixing erank <=
-collapsed_erank (2): the layer mixes tokens along at most ~2 directions (rank collapse,
-Dong et al. 2021); raw softmax ranks read ~1 whenever attention is near-uniform.
+Per layer: heads are classified (budgets/advice/head_classes.py; the rules go to
+report["head_rules"]); heads whose centered energy is below HeadRules.dead_energy of the
+raw have no valid centered figures, so mixing_centered_erank averages the other heads
+(null if none) and "centered_na" says how many were left out. collapsed: that centered
+mixing erank <= collapsed_erank (2): the layer mixes tokens along at most ~2 directions
+(rank collapse, Dong et al. 2021); raw softmax ranks read ~1 whenever attention is
+near-uniform.
 Past->future ranks are flat over the probe's lengths when `is_flat` (the cheaper-block
 advice asks it).
 """
@@ -23,11 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cache import DTYPE_BYTES
 from .head_classes import HeadRules, classify_heads
 
 VERDICTS = ("saturated", "healthy", "over-provisioned")
-# bytes per cached element; a dtype not here is a ValueError naming the known ones
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1}
 
 
 @dataclass(frozen=True)

@@ -8,21 +8,19 @@ layer (deepseek_v3) caches something else: the latent c [B, T, R] (kv_a_proj's o
 after kv_a_layernorm, the input of the linear expanding it into per-head keys and values)
 and the shared rotary key k_r [B, T, dr]. Its rows are then inference.latent and
 inference.rope_key, capped by min(T, R + dr) as zoo's mla block declares (zoo/mla.py).
-The expanding linear is found by budgets/hf/projections.py; its input is caught here by a
-forward pre-hook during the probe.
+The expanding linear is found by budgets/hf/projections.py; the probe catches its input
+(budgets/probe/inputs.py) during its forward pass.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
-from torch import nn
 
 from ..budget import RankBudget
+from ..probe.blocks import matrix_figures
 from .capture import AttentionCall
-from ..probe.blocks import measure
 
 
 def as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
@@ -50,10 +48,12 @@ def latent_rows(call: AttentionCall, latent: torch.Tensor, eps: float) -> dict:
     """inference.latent [B, T, R] and inference.rope_key [B, T, dr]: an MLA layer's cache.
     The rotary key is shared by all heads: head 0's rotated columns."""
     B, T = call.key.shape[0], call.key.shape[-2]
-    rows = {"inference.latent": measure(latent.reshape(B, T, -1).float(), eps, batch_dims=1)}
+    rows = {"inference.latent": matrix_figures(latent.reshape(B, T, -1).float(), eps,
+                                               batch_dims=1)}
     rot = rotated_columns(call)
     if bool(rot.any()):
-        rows["inference.rope_key"] = measure(call.key[:, 0, :, rot].float(), eps, batch_dims=1)
+        rows["inference.rope_key"] = matrix_figures(call.key[:, 0, :, rot].float(), eps,
+                                                    batch_dims=1)
     return rows
 
 
@@ -70,23 +70,5 @@ def cache_rows(call: AttentionCall, latent: torch.Tensor | None, eps: float) -> 
     if latent is not None:
         return latent_rows(call, latent, eps)
     k, v = as_cached(call.key, call.value, call.window)
-    return {"inference.k": measure(joint(k), eps, batch_dims=1),
-            "inference.v": measure(joint(v), eps, batch_dims=1)}
-
-
-@contextlib.contextmanager
-def latent_inputs(linears: dict[nn.Module, int]):
-    """Collect, by layer index, the input of each layer's latent-expanding linear (its
-    cached latent [B, (1,) T, R])."""
-    seen: dict[int, torch.Tensor] = {}
-
-    def hook(module, args):
-        if args and isinstance(args[0], torch.Tensor):
-            seen[linears[module]] = args[0].detach()
-
-    handles = [m.register_forward_pre_hook(hook) for m in linears]
-    try:
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
+    return {"inference.k": matrix_figures(joint(k), eps, batch_dims=1),
+            "inference.v": matrix_figures(joint(v), eps, batch_dims=1)}

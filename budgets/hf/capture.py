@@ -2,6 +2,8 @@
 
     with capture(model, on_call) as calls:        # on_call(call) sees each AttentionCall
         model(input_ids=ids)
+    with transformed(model, fn, "keys=post-rope"):  # fn(module, key, value) -> (key, value)
+        model(input_ids=ids)                      # the model's own attention, on fn's
 
 transformers >= 5 routes every attention of most model types through one function looked
 up by name (its AttentionInterface). Inside `capture` the model attends through a function
@@ -22,6 +24,11 @@ its outputs the keys after, matched to the interface's keys by their columns (pa
 rotary rotates a slice, MLA a shared slice). The output projection W_O is the linear whose
 input is the attention output [B, T, H*V], found by a forward pre-hook.
 
+`transformed` has the model attend through its own implementation (SDPA or eager), each
+layer's keys and values first passed through a function (compress projects the rotated
+keys so). Both register with transformers' attention and mask interfaces here, the one
+module that does (attending_through), and restore the model's implementation on exit.
+
 Nothing here imports transformers at module level (it is the optional `hf` extra).
 """
 
@@ -35,8 +42,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-# the name the capture registers its attention function under in transformers
+# the names the capture and `transformed` register their attention functions under
 CAPTURE_ATTENTION = "rankzoo_capture"
+TRANSFORMED_ATTENTION = "rankzoo_transformed"
 # query rows per block: a block of logits [B, H, rows, T] holds at most this many elements
 CHUNK_ELEMENTS = 1 << 25
 ROTARY_PREFIXES = ("apply_rotary_pos_emb", "apply_rotary_emb", "_apply_rotary_emb")
@@ -66,17 +74,38 @@ class AttentionCall:
         return self.key_pre is not None
 
 
-def transformers_attention():
+def transformers_attention(what: str = "probing a Hugging Face model"):
     """(ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, eager_mask, sdpa_mask), or a clear
-    error: the capture needs transformers' attention interface (transformers >= 5)."""
+    error saying that `what` needs transformers' attention interface (transformers >= 5)."""
     try:
         from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     except ImportError as e:
-        raise ValueError(f"probing a Hugging Face model needs transformers' "
-                         f"AttentionInterface (transformers >= 5), not available here ({e})"
-                         ) from None
+        raise ValueError(f"{what} needs transformers' AttentionInterface (transformers >= "
+                         f"5), not available here ({e})") from None
     return ALL_ATTENTION_FUNCTIONS, AttentionMaskInterface, eager_mask, sdpa_mask
+
+
+@contextlib.contextmanager
+def attending_through(model: nn.Module, name: str, attention: Callable, sdpa: bool,
+                      what: str = "probing a Hugging Face model"):
+    """Inside, `model` attends through `attention` (transformers' attention signature),
+    registered as `name` with the masks SDPA takes (boolean, or None when purely causal)
+    when `sdpa`, else eager's additive [B, 1, T, T]; yields the implementation it had,
+    which is restored afterwards (on an exception too)."""
+    functions, masks, eager_mask, sdpa_mask = transformers_attention(what)
+    if not callable(getattr(model, "set_attn_implementation", None)):
+        raise ValueError(f"{type(model).__name__} cannot switch its attention implementation "
+                         f"(transformers >= 5 needed)")
+    masks.register(name, sdpa_mask if sdpa else eager_mask)
+    functions[name] = attention
+    before = model.config._attn_implementation
+    try:
+        model.set_attn_implementation(name)
+        yield before
+    finally:
+        model.set_attn_implementation(before)
+        del functions[name]
 
 
 # ---------------------------------------------------------------- attention, a block of rows
@@ -254,10 +283,7 @@ def capture(model: nn.Module, on_call: Callable[[AttentionCall], None],
     calls by attention module. The model's implementation is restored afterwards (on an
     exception too). `matfree`: masks as SDPA takes them (boolean, or None when purely
     causal), else eager's additive [B, 1, T, T]."""
-    functions, masks, eager_mask, sdpa_mask = transformers_attention()
-    if not callable(getattr(model, "set_attn_implementation", None)):
-        raise ValueError(f"{type(model).__name__} cannot switch its attention implementation "
-                         f"(transformers >= 5 needed)")
+    transformers_attention()  # its error first, whatever the model
     calls: dict[nn.Module, AttentionCall] = {}
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
     can_switch = getattr(model, "_can_set_attn_implementation", None)
@@ -275,14 +301,30 @@ def capture(model: nn.Module, on_call: Callable[[AttentionCall], None],
         on_call(call)
         return call.output, call.probs
 
-    masks.register(CAPTURE_ATTENTION, sdpa_mask if matfree else eager_mask)
-    functions[CAPTURE_ATTENTION] = attention
-    before = model.config._attn_implementation
     modules = [type(m).__module__ for m in model.modules()]
-    try:
-        model.set_attn_implementation(CAPTURE_ATTENTION)
-        with _rotary_wrapped(modules, seen):
-            yield calls
-    finally:
-        model.set_attn_implementation(before)
-        del functions[CAPTURE_ATTENTION]
+    with (attending_through(model, CAPTURE_ATTENTION, attention, matfree),
+          _rotary_wrapped(modules, seen)):
+        yield calls
+
+
+@contextlib.contextmanager
+def transformed(model: nn.Module, fn: Callable, what: str):
+    """Inside, every attention call of `model` passes its keys [B, G, T, K] (after their
+    norms and RoPE) and values [B, G, T, V] through fn(module, key, value) -> (key, value)
+    before the model's own attention implementation computes on them, with the masks that
+    implementation takes; `what` names the caller in transformers' missing-interface
+    error."""
+    functions = transformers_attention(what)[0]
+    before = model.config._attn_implementation
+
+    def inner(module) -> Callable:
+        if before in functions:
+            return functions[before]
+        return sys.modules[type(module).__module__].eager_attention_forward
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        key, value = fn(module, key, value)
+        return inner(module)(module, query, key, value, attention_mask, **kwargs)
+
+    with attending_through(model, TRANSFORMED_ATTENTION, attention, before == "sdpa", what):
+        yield

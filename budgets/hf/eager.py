@@ -33,6 +33,13 @@ def _shape(config) -> tuple[int, int, int, int]:
     return H, G, D // H, D
 
 
+def _is_probabilities(a, ids_shape: torch.Size) -> bool:
+    """Whether `a` can be one layer's attention probabilities [B, H, T, T] for ids [B, T]."""
+    B, T = ids_shape
+    return (isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[0] == B
+            and tuple(a.shape[2:]) == (T, T))
+
+
 def probe_eager(model, ids: torch.Tensor, eps: float, wanted: list[int] | None,
                 massive_ratio: float) -> tuple[list[dict], torch.Tensor, float] | None:
     """(layer entries, final hidden states [B, T, D], loss), or None when the model
@@ -40,8 +47,8 @@ def probe_eager(model, ids: torch.Tensor, eps: float, wanted: list[int] | None,
     out = model(input_ids=ids, output_attentions=True, output_hidden_states=True,
                 use_cache=False)
     attentions = out.get("attentions")
-    if not attentions or any(a is None for a in attentions):
-        return None
+    if not attentions or not all(_is_probabilities(a, ids.shape) for a in attentions):
+        return None  # none, or not P: rwkv returns its time-mixing state under that name
     H, G, K, D = _shape(model.config)
     T, block = ids.shape[1], model.config.model_type
     layers = []

@@ -1,9 +1,9 @@
-"""The attention shape a Hugging Face config declares, and the caps it implies.
+"""The attention shape a Hugging Face config declares.
 
-Geometry reads the attention shape from a config (checked before a model loads);
-declared_budget turns it into one layer's caps through attention_budget, the formula
-zoo's softmax and sliding_window blocks declare through as well. Where each layer keeps
-its projections is found on the loaded model (budgets/hf/projections.py), not read here.
+Geometry reads the attention shape from a config (checked before a model loads). Each
+layer's caps, window and projections are found on the loaded model, as its forward shows
+them (budgets/hf/probe.py declared_caps, budgets/hf/capture.py, budgets/hf/projections.py),
+not read here.
 
 Nothing here imports transformers: a config is read by duck typing.
 """
@@ -11,8 +11,6 @@ Nothing here imports transformers: a config is read by duck typing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ..budget import RankBudget, attention_budget
 
 
 @dataclass(frozen=True)
@@ -43,18 +41,3 @@ class Geometry:
             raise ValueError(f"seq_len={seq_len} exceeds the {self.model_type} model's "
                              f"max_position_embeddings ({self.max_len})")
 
-
-def window_of(config, i: int) -> int | None:
-    """Layer i's sliding window W (keys including the query), or None for full attention."""
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if types and i < len(types):  # transformers >= 4.53 names each layer's attention
-        return window if types[i] == "sliding_attention" else None
-    return window if getattr(config, "use_sliding_window", True) else None
-
-
-def declared_budget(g: Geometry, seq_len: int, window: int | None, params: int) -> RankBudget:
-    """The caps of one layer, as zoo's softmax / sliding_window blocks declare them."""
-    return attention_budget(g.model_type, seq_len, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads,
-                            head_dim=g.head_dim, d_model=g.d_model, window=window,
-                            params=params)

@@ -37,38 +37,38 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..rank.adapters import lowrank_singular_values
 from ..budget import attention_budget
-from .cache_rows import as_cached, cache_rows, latent_budget, latent_inputs
-from .capture import AttentionCall, capture, projection_weight
-from .eager import probe_eager
-from ..report.kinds import kind_summary
-from .unmeasured import unmeasured_mixers, unmeasured_text
-from .scans import ScanCall, capture_scans, factored_mixing, ssd_budget, ssd_kind, ssd_mixing
-from .projections import DISCOVERY_TOKENS, LayerMap, discover
-from ..rank.matfree import K_MAX, AttentionMixing
-from ..rank.metrics import check_eps
 from ..probe.blocks import (
     MATFREE_FROM,
     ProbeProgress,
     add_adapters,
     final_hidden_metrics,
-    first_tensor,
-    measure,
+    matrix_figures,
     mixing_figures,
     mixing_figures_matfree,
     residual_owner,
     stream_figures,
     summarize_spectrum,
 )
-from ..report.document import build_report
+from ..probe.inputs import module_inputs
 from ..probe.streams import MASSIVE_RATIO, kv_head_figures
+from ..rank.adapters import lowrank_singular_values
+from ..rank.matfree import K_MAX, AttentionMixing
+from ..rank.metrics import check_eps
+from ..report.document import build_report
+from ..report.kinds import kind_summary
+from .cache_rows import as_cached, cache_rows, latent_budget
+from .capture import AttentionCall, capture, projection_weight
+from .eager import probe_eager
+from .projections import DISCOVERY_TOKENS, LayerMap, discover
+from .scans import ScanCall, capture_scans, factored_mixing, ssd_budget, ssd_kind, ssd_mixing
+from .unmeasured import unmeasured_mixers, unmeasured_text
 
 ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
 
@@ -87,9 +87,9 @@ def weight_quantities(layer: LayerMap, eps: float) -> dict:
         s = lowrank_singular_values(wq.transpose(1, 2), wk)  # [H, K]
         out["qk"] = summarize_spectrum(s, (D, D), eps)
     if layer.v is not None:
-        out["value"] = measure(layer.v.weight().float().T, eps)  # [D, G*V]
+        out["value"] = matrix_figures(layer.v.weight().float().T, eps)  # [D, G*V]
     if layer.out is not None:
-        out["out"] = measure(projection_weight(layer.out).detach().float(), eps)  # [D, H*V]
+        out["out"] = matrix_figures(projection_weight(layer.out).detach().float(), eps)  # [D, H*V]
     return out
 
 
@@ -154,8 +154,29 @@ class _Probe:
                            f"and the model returns no attention probabilities, so the "
                            f"probe cannot read it")
         self.wanted = check_layers(self.asked, len(self.maps), self.model_type)
-        self.index = {m.module: i for i, m in enumerate(self.maps)}
+        # module -> its mixer indices, one per call (several for a shared block)
+        self.index: dict[nn.Module, list[int]] = {}
+        for i, m in enumerate(self.maps):
+            self.index.setdefault(m.module, []).append(i)
+        self.calls: dict[nn.Module, int] = {}  # calls seen so far in the probe's forward
+        self.sharing = _weight_groups(self.maps)
         self.start = time.perf_counter()
+
+    def mixer_of(self, module: nn.Module) -> int | None:
+        """The mixer index of this call of `module` (its k-th call: its k-th index)."""
+        indices = self.index.get(module)
+        if indices is None:
+            return None
+        k = self.calls.get(module, 0)
+        self.calls[module] = k + 1
+        return indices[k % len(indices)]
+
+    def shared(self, i: int) -> dict | None:
+        """{"module", "mixers"} when mixer i's weights serve other mixers too (one module
+        called several times, or tied weights), else None: the report says so."""
+        group = self.sharing.get(i)
+        return None if group is None else {"module": self.maps[group[0]].name,
+                                           "mixers": list(group)}
 
     def record(self, i: int, figures: tuple[dict, dict], x: torch.Tensor,
                call: AttentionCall | ScanCall, streams: dict[str, dict[int, torch.Tensor]]
@@ -167,6 +188,8 @@ class _Probe:
         quantities, extras = figures
         quantities["hidden_centered"], residual = stream_figures(
             x, streams["residual"].pop(i, None), self.eps, self.massive_ratio)
+        if self.shared(i) is not None:
+            extras["shared"] = self.shared(i)
         if residual is not None:
             extras["residual"] = residual
         owner = residual_owner(self.model, layer_map.name)
@@ -195,6 +218,18 @@ class _Probe:
                                         time.perf_counter() - self.start))
 
 
+def _weight_groups(maps: list) -> dict[int, list[int]]:
+    """Mixer index -> every mixer index with the same weights, for mixers whose weights
+    serve several: one module called more than once (zamba's Mamba heads, a block reused
+    by several layers) or modules whose parameters are tied (zamba's shared attention)."""
+    groups: dict[int, list[int]] = {}
+    for i, m in enumerate(maps):
+        first = next(m.module.parameters(), None)
+        key = first.data_ptr() if first is not None else id(m.module)
+        groups.setdefault(key, []).append(i)
+    return {i: g for g in groups.values() if len(g) > 1 for i in g}
+
+
 @dataclass
 class SSMMap:
     """One Mamba-2-family mixer, as its scan call showed it."""
@@ -204,16 +239,24 @@ class SSMMap:
 
 
 def _mixers(model: nn.Module, ids: torch.Tensor) -> list[LayerMap | SSMMap]:
-    """The attention layers (budgets/hf/projections.py) and SSD mixers of `model`, in the
-    model's module order."""
-    attention = discover(model, ids)
-    with (torch.no_grad(), capture(model, lambda call: None),
-          capture_scans(model, lambda call: None) as scans):
-        model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
+    """The attention layers (budgets/hf/projections.py) and SSD mixers of `model`, one per
+    call, in the order the forward calls them: a block shared by several layers (zamba's
+    one attention block) is a mixer at each layer that calls it."""
+    attention: dict[nn.Module, list[LayerMap]] = {}
+    for m in discover(model, ids):  # one LayerMap per call, in call order
+        attention.setdefault(m.module, []).append(m)
     names = {m: n for n, m in model.named_modules()}
-    ssm = [SSMMap(c.module, names[c.module]) for c in scans if c.module in names]
-    order = {m: k for k, m in enumerate(model.modules())}
-    return sorted([*attention, *ssm], key=lambda m: order[m.module])
+    called: list[tuple[str, nn.Module]] = []
+    with (torch.no_grad(), capture(model, lambda call: called.append(("attn", call.module))),
+          capture_scans(model, lambda call: called.append(("scan", call.module)))):
+        model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
+    out: list[LayerMap | SSMMap] = []
+    for what, module in called:
+        if what == "attn" and attention.get(module):
+            out.append(attention[module].pop(0))
+        elif what == "scan" and module in names:
+            out.append(SSMMap(module, names[module]))
+    return out
 
 
 def _ssm_entry(i: int, layer: SSMMap, block: str, mixing: dict, x: torch.Tensor,
@@ -263,49 +306,18 @@ def _layer_entry(i: int, layer: LayerMap, block: str, mixing: dict, x: torch.Ten
 
 
 @contextlib.contextmanager
-def _attention_inputs(modules: dict[nn.Module, int]):
-    """Collect, by layer index, the hidden states [B, T, D] each attention module is
-    called with (after its layer's pre-norm: what the attention reads, as zoo probes it)."""
-    seen: dict[int, torch.Tensor] = {}
-
-    def hook(module, args, kwargs):
-        seen[modules[module]] = first_tensor(args, kwargs).detach()
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
-    try:
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextlib.contextmanager
 def _layer_streams(p: _Probe):
     """Collect, by layer index for the wanted layers, {"residual": the decoder layer's
     input [B, T, D] (the residual stream; probes.residual_owner), "latent": the latent an
-    MLA layer caches (budgets/hf/cache_rows.py)}."""
-    seen: dict[str, dict[int, torch.Tensor]] = {"residual": {}}
-    latents = {p.maps[i].latent: i for i in p.wanted if getattr(p.maps[i], "latent", None)}
-
-    def residual_hook(i):
-        def hook(module, args, kwargs):
-            x = first_tensor(args, kwargs)
-            if x is not None:
-                seen["residual"][i] = x.detach()
-        return hook
-
-    handles = []
-    for i in p.wanted:
-        owner = residual_owner(p.model, p.maps[i].name)
-        if owner is not None:
-            handles.append(p.model.get_submodule(owner).register_forward_pre_hook(
-                residual_hook(i), with_kwargs=True))
-    try:
-        with latent_inputs(latents) as seen["latent"]:  # MLA: the latent each layer caches
-            yield seen
-    finally:
-        for h in handles:
-            h.remove()
+    MLA layer caches, its expanding linear's input (budgets/hf/cache_rows.py)}."""
+    # a shared block's module path names only its first layer: its later calls get no
+    # residual stream rather than that layer's
+    owners = {i: residual_owner(p.model, p.maps[i].name) for i in p.wanted
+              if p.index[p.maps[i].module][0] == i}
+    layers = {i: p.model.get_submodule(o) for i, o in owners.items() if o is not None}
+    latents = {i: p.maps[i].latent for i in p.wanted if getattr(p.maps[i], "latent", None)}
+    with module_inputs(layers) as residual, module_inputs(latents) as latent:
+        yield {"residual": residual, "latent": latent}
 
 
 def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
@@ -320,7 +332,7 @@ def _measuring(p: _Probe, inputs: dict[int, torch.Tensor], streams: dict, matfre
     soon as it is measured."""
 
     def on_call(call: AttentionCall | ScanCall) -> None:
-        i = p.index.get(call.module)
+        i = p.mixer_of(call.module)
         if i is None:
             return
         x = inputs.pop(i)
@@ -344,28 +356,20 @@ def _figures(p: _Probe, call: AttentionCall | ScanCall, matfree: bool) -> tuple[
     return mixing_figures(call.probs.float(), p.eps)
 
 
-@contextlib.contextmanager
-def _head_input(model):
-    """The input [B, T, D] of the model's output embeddings (the final norm's output)."""
-    seen: list[torch.Tensor] = []
-    handle = model.get_output_embeddings().register_forward_pre_hook(
-        lambda module, args: seen.append(args[0].detach()))
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
 def _probe(p: _Probe, ids: torch.Tensor, matfree: bool) -> tuple[torch.Tensor, float]:
     """Each wanted layer measured inside its attention call; returns (final hidden states
-    [B, T, D], loss). No per-layer hidden states or cache are kept."""
-    with (_attention_inputs(p.index) as inputs, _layer_streams(p) as streams,
-          _head_input(p.model) as head):
+    [B, T, D]: the input of the output embeddings, after the final norm; loss). The
+    hidden states each mixer reads (after its layer's pre-norm, as zoo probes it) are
+    held until its call is measured; no per-layer hidden states or cache are kept."""
+    mixers = {i: module for module, indices in p.index.items() for i in indices}
+    head = {"head": p.model.get_output_embeddings()}
+    with (module_inputs(mixers) as inputs, _layer_streams(p) as streams,
+          module_inputs(head) as final):
         on_call = _measuring(p, inputs, streams, matfree)
         with (capture(p.model, on_call, keep_probs=not matfree, matfree=matfree),
               capture_scans(p.model, on_call)):
             out = p.model(input_ids=ids, use_cache=False)
-    return head[-1], _next_token_loss(out["logits"], ids)
+    return final["head"], _next_token_loss(out["logits"], ids)
 
 
 # ---------------------------------------------------------------- the probe
@@ -416,9 +420,11 @@ def _probe_eager(model, ids: torch.Tensor, eps: float, layers, with_spectra: boo
             "layers": entries, "final_hidden": final_hidden_metrics(final, eps)}, loss
 
 
-def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
-    """build_report of one HF variant, plus per-head eranks and the probe's source (with
-    the matrix-free settings, when the probe used them)."""
+def build_hf_report(name: str, entry: dict, thresholds=None,
+                    zoo_blocks: Mapping[str, str] | None = None) -> dict:
+    """build_report of one HF variant, plus per-head eranks, the probe's source (with
+    the matrix-free settings, when the probe used them) and the per-kind summary, each
+    kind beside the zoo block `zoo_blocks` names for its attention kind."""
     source, probe = entry["source"], entry["probe"]
     report = build_report({name: entry}, experiment=f"{name} ({source['model_type']})",
                           thresholds=thresholds)
@@ -431,7 +437,7 @@ def build_hf_report(name: str, entry: dict, thresholds=None) -> dict:
         for key in ("kind", "not_measured"):
             if key in probed:
                 layer[key] = probed[key]
-    report["kinds"] = kind_summary(report["variants"][0]["layers"])
+    report["kinds"] = kind_summary(report["variants"][0]["layers"], zoo_blocks)
     if probe.get("unmeasured_mixers"):  # decoder layers mixing by what no capture reads
         report["unmeasured_mixers"] = probe["unmeasured_mixers"]
     return report

@@ -28,9 +28,10 @@ import torch
 from torch import nn
 
 from ..rank.adapters import adapter_ranks
-from .heads import energy_share, head_stats, head_stats_operator, undefined_head_stats
 from ..rank.matfree import K_MAX, CenteredOperator, block_metrics
 from ..rank.metrics import METRICS, check_eps, singular_values, spectrum_metrics
+from .heads import energy_share, head_stats, head_stats_operator, undefined_head_stats
+from .inputs import module_inputs
 from .streams import MASSIVE_RATIO, kv_head_figures, residual_figures
 
 # From this probe length on, mixing is measured matrix-free (budgets/rank/matfree.py) for blocks
@@ -75,8 +76,9 @@ def probeable_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int = 0):
-    """Metrics (lists of floats) and mean spectrum [n, k] of A, averaged over `batch_dims`.
+def matrix_figures(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int = 0):
+    """The rank metrics (lists of floats) and mean spectrum [n, k] of matrices A [..., m, n]
+    (centered over rows with `center`), averaged over `batch_dims`.
 
     The leading dims after the averaged ones are flattened, so one 2-D matrix gives lists
     of length 1 and [B, H, T, T] with batch_dims=1 gives lists of length H.
@@ -87,7 +89,8 @@ def measure(A: torch.Tensor, eps: float, center: bool = False, batch_dims: int =
 
 def summarize_spectrum(s: torch.Tensor, shape: tuple[int, int], eps: float,
                        batch_dims: int = 0):
-    """What measure() returns, from singular values s [..., k] of matrices of `shape` (m, n):
+    """What matrix_figures() returns, from singular values s [..., k] of matrices of
+    `shape` (m, n):
     METRICS averaged over the batch dims, "rank_eps_max" (the largest sample's rank_eps)
     and "shape" [m, n]."""
     metrics = spectrum_metrics(s, shape, eps)
@@ -126,37 +129,18 @@ def residual_owner(model: nn.Module, name: str) -> str | None:
     return None
 
 
-def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """A module's input from a forward pre-hook: the first positional argument, else the
-    keyword `x` (zoo) or `hidden_states` (Hugging Face)."""
-    x = args[0] if args else kwargs.get("x", kwargs.get("hidden_states"))
-    return x if isinstance(x, torch.Tensor) else None
-
-
 def _capture_inputs(model: nn.Module, blocks, batch) -> dict[str, torch.Tensor]:
     """Run model(batch) once, recording the first input x [B, T, D] of each block, of each
     block's residual owner (residual_owner), and the output head's under FINAL when the
     model has one."""
-    inputs: dict[str, torch.Tensor] = {}
-
-    def hook_for(name):
-        def hook(module, args, kwargs):
-            x = first_tensor(args, kwargs)
-            if name not in inputs and x is not None:
-                inputs[name] = x.detach().clone()  # clone: the model may update x in place
-        return hook
-
     head = output_head(model)
     names = {n for n, _ in blocks}
     owners = sorted({residual_owner(model, n) for n in names} - names - {None})
-    watched = [*blocks, *((o, model.get_submodule(o)) for o in owners),
-               *([(FINAL, head)] if head is not None else [])]
-    handles = [m.register_forward_pre_hook(hook_for(n), with_kwargs=True) for n, m in watched]
-    try:
+    watched = {**dict(blocks), **{o: model.get_submodule(o) for o in owners},
+               **({FINAL: head} if head is not None else {})}
+    # clone: the model may update x in place
+    with module_inputs(watched, first=True, clone=True) as inputs:
         model(batch)
-    finally:
-        for h in handles:
-            h.remove()
     missing = [n for n, _ in blocks if n not in inputs]
     if missing:
         raise ValueError(f"{type(model).__name__}(batch) never called the probeable blocks "
@@ -183,21 +167,17 @@ def _mixing_quantities(block, x: torch.Tensor, eps: float, matfree_from: int | N
     return mixing_figures(P, eps)
 
 
-def measure_mixing(P: torch.Tensor, eps: float) -> dict:
-    """Raw, centered and past->future metrics of mixing matrices P [B, H, T, T], per head."""
-    return _measure_mixing(P, eps)[0]
-
-
 def _measure_mixing(P: torch.Tensor, eps: float) -> tuple[dict, torch.Tensor]:
-    """(measure_mixing(P, eps), the centered energy share [B, H] from the same spectra:
-    ||P_c||_F^2 / ||P||_F^2 = sum s_c^2 / sum s^2, at no extra cost)."""
+    """(the raw, centered and past->future metrics of mixing matrices P [B, H, T, T], per
+    head; the centered energy share [B, H] from the same spectra: ||P_c||_F^2 / ||P||_F^2
+    = sum s_c^2 / sum s^2, at no extra cost)."""
     T = P.shape[-1]
     h = T // 2  # the past->future block M[T/2:, :T/2] that the mixing budget caps
     s, s_c = singular_values(P), singular_values(P, center=True)  # [B, H, T] each
     quantities = {
         "mixing": summarize_spectrum(s, (T, T), eps, batch_dims=1),
         "mixing_centered": summarize_spectrum(s_c, (T, T), eps, batch_dims=1),
-        "past_future": measure(P[..., h:, :h], eps, batch_dims=1),
+        "past_future": matrix_figures(P[..., h:, :h], eps, batch_dims=1),
     }
     return quantities, energy_share(s_c.double().square().sum(-1), s.double().square().sum(-1))
 
@@ -213,14 +193,15 @@ def _length_entry(t: int, values: dict) -> dict:
 
 
 def mixing_figures(P: torch.Tensor, eps: float) -> tuple[dict, dict]:
-    """(measure_mixing(P, eps), {"past_future_lengths", "heads"}) of mixing matrices
-    P [B, H, T, T]. A causal block's mixing on the prefix of length t is P's top-left
-    t x t corner, so the past->future block at t is P[t/2:t, :t/2]: no second forward."""
+    """(the raw, centered and past->future metrics per head, {"past_future_lengths",
+    "heads"}) of mixing matrices P [B, H, T, T]. A causal block's mixing on the prefix of
+    length t is P's top-left t x t corner, so the past->future block at t is
+    P[t/2:t, :t/2]: no second forward."""
     quantities, centered_energy = _measure_mixing(P, eps)
     T = P.shape[-1]
     lengths = []
     for t in prefix_lengths(T):
-        values = quantities["past_future"][0] if t == T else measure(
+        values = quantities["past_future"][0] if t == T else matrix_figures(
             P[..., t // 2:t, :t // 2], eps, batch_dims=1)[0]
         lengths.append(_length_entry(t, values))
     heads = {**head_stats(P, centered_energy), "raw_erank": quantities["mixing"][0]["erank"]}
@@ -262,16 +243,11 @@ def _measure_matfree(mixing, eps: float, k_max: int):
     return out, full, centered
 
 
-def measure_mixing_matfree(mixing, eps: float, k_max: int = K_MAX) -> dict:
-    """The quantities of measure_mixing, without a [T, T] tensor: past_future always,
-    mixing and mixing_centered when the block's whole matrix is an operator."""
-    return _measure_matfree(mixing, eps, k_max)[0]
-
-
 def mixing_figures_matfree(mixing, eps: float, k_max: int = K_MAX,
                            prefix: Callable[[int], object] | None = None
                            ) -> tuple[dict, dict]:
-    """mixing_figures without a [T, T] tensor, for an AttentionMixing or FactoredMixing.
+    """mixing_figures without a [T, T] tensor, for an AttentionMixing or FactoredMixing:
+    past_future always, mixing and mixing_centered when the whole matrix is an operator.
 
     past_future_lengths: at t < T the past->future block of `prefix(t)`, the mixing of the
     first t tokens (default: mixing.prefix, which AttentionMixing offers; lengths with no
@@ -308,7 +284,7 @@ def _inference_quantities(block, x: torch.Tensor, eps: float) -> dict:
         if S.dim() < 3:
             raise ValueError(f"{type(block).__name__}.inference_state()[{name!r}] must be "
                              f"[B, ..., m, n], got {tuple(S.shape)}")
-        out[f"inference.{name}"] = measure(S, eps, batch_dims=1)
+        out[f"inference.{name}"] = matrix_figures(S, eps, batch_dims=1)
     return out
 
 
@@ -318,7 +294,7 @@ def stream_figures(x: torch.Tensor, residual: torch.Tensor | None, eps: float,
     entering its layer or None): both spectra in one call, so that on the CPU the two
     matrices of a one-sample probe run on two threads."""
     if residual is None or residual.shape != x.shape:
-        hidden = measure(x.float(), eps, center=True, batch_dims=1)
+        hidden = matrix_figures(x.float(), eps, center=True, batch_dims=1)
         return hidden, None if residual is None else residual_figures(residual, eps, ratio)
     s = singular_values(torch.stack([x.float(), residual.float()]), center=True)  # [2, B, k]
     hidden = summarize_spectrum(s[0], tuple(x.shape[-2:]), eps, batch_dims=1)
@@ -340,7 +316,7 @@ def _probe_block(name: str, block, x: torch.Tensor, eps: float, matfree_from: in
         if wname in measured:
             raise ValueError(f"{type(block).__name__}.weight_matrices() uses the reserved "
                              f"name {wname!r}")
-        measured[wname] = measure(W, eps)  # no batch dim: one entry per leading index
+        measured[wname] = matrix_figures(W, eps)  # no batch dim: one entry per leading index
     measured.update(_inference_quantities(block, x, eps))
     # the hidden states the block reads (its layer's pre-norm applied), centered over
     # tokens: their erank falling toward 1 with depth is token collapse (Dong et al.
@@ -392,7 +368,7 @@ def probe_model(model: nn.Module, batch, eps: float = 0.1, with_spectra: bool = 
     massive_ratio x the layer's median.
     The model runs in eval mode under no_grad; every module's training flag is restored.
     From T >= matfree_from (None: never) blocks with `mixing_operator(x)` are measured
-    matrix-free (measure_mixing_matfree; rank_eps decided up to k_max values) and the probe
+    matrix-free (mixing_figures_matfree; rank_eps decided up to k_max values) and the probe
     says so in "matfree": {"from": matfree_from, "k_max": k_max}. `progress` is called
     with a ProbeProgress after each block.
     """
@@ -435,5 +411,5 @@ def final_hidden_metrics(h: torch.Tensor, eps: float) -> dict[str, float]:
     """Metrics of the final hidden states h [B, T, D] pooled over all B*T tokens and
     centered: the rank of the representation the output head reads (on data of low
     intrinsic rank, such as train's Markov language, a trained model keeps it low)."""
-    values, _ = measure(h.reshape(-1, h.shape[-1]).float(), eps, center=True)  # [B*T, D]
+    values, _ = matrix_figures(h.reshape(-1, h.shape[-1]).float(), eps, center=True)  # [B*T, D]
     return {k: values[k][0] for k in METRICS}

@@ -4,17 +4,16 @@
     s = spectrum(A, center=True)       # of A - 1 mean_rows(A)
     s = product_spectrum(L, R)         # of L @ R^T, L [..., m, r], R [..., n, r], never formed
 
-The cheapest exact method is picked from the shape and dtype (docs/METRICS.md, "How the
+The exact method is picked from the dtype alone (choose_method; docs/METRICS.md, "How the
 spectra are computed"):
 
-  gram   (fp32 input at least twice as long as wide, or on CUDA) eigenvalues of the
-         smaller Gram matrix A^T A or A A^T, formed and decomposed in fp64.
-         s_i = sqrt(lambda_i) is then accurate to ~1e-8 * s_1: far below what any reported
-         metric resolves for fp32 data (numerical rank's own tolerance is
-         s_1 * max(m, n) * 1.2e-7), and only the short side is decomposed.
-  svd    torch.linalg.svdvals in the input's dtype: square-ish matrices on the CPU, and
-         fp64 input, whose numerical rank asks for s_i down to ~1e-16 * s_1, which a Gram
-         matrix cannot resolve.
+  gram   every fp32 input, whatever its shape or device: eigenvalues of the smaller Gram
+         matrix A^T A or A A^T, formed and decomposed in fp64. s_i = sqrt(lambda_i) is
+         then accurate to ~1e-8 * s_1: far below what any reported metric resolves for
+         fp32 data (numerical rank's own tolerance is s_1 * max(m, n) * 1.2e-7), only the
+         short side is decomposed, and it cost less than the SVD at every shape measured.
+  svd    torch.linalg.svdvals, for fp64 input, whose numerical rank asks for s_i down to
+         ~1e-16 * s_1, which a Gram matrix cannot resolve.
 
 Both run as one batched call on the tensors' device (CUDA when the model is there). Not
 one matrix per Python thread: each LAPACK call starts its own OpenMP team, and two teams

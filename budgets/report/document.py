@@ -19,8 +19,9 @@ and out axes), adapter (LoRA rows) and inference (caches and states); every row 
 samples and heads of the probe's rank_eps_max (None for probes that lack it): the figure an
 advised bound must hold. W_O (`out`, a weight) is a row capped by min(shape), its structural
 rank. Per layer the report copies the probe's per-head figures (`heads`, classified by
-budgets/advice/head_classes.py under annotate), the residual stream (`residual`), the past->future rank
-at several lengths and the KV heads' ranks, which the advice reads (budgets/advice/annotate.py).
+budgets/advice/head_classes.py under annotate), the residual stream (`residual`), the
+past->future rank at several lengths and the KV heads' ranks, which the advice reads
+(budgets/advice/annotate.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import math
 from pathlib import Path
 
 from ..advice.annotate import annotate
+from ..advice.verdicts import VerdictThresholds
 from ..budget import AXES, AXIS_OF_QUANTITY, RankBudget
 from ..schema import ANY, Choice, Int, ListOf, MapOf, Maybe, Number, Record, check, read_json
-from ..advice.verdicts import VerdictThresholds
+from .kinds import kind_summary
 
 REPORT_SCHEMA = "rankzoo.report"
 # Version 1 still: verdicts, "collapsed", "advice" and "thresholds" were *added* keys, so a
@@ -161,7 +163,7 @@ def _report_layer(layer: dict) -> dict:
     heads = _heads(layer)
     if heads is not None:
         out["heads"] = heads
-    for key in ("residual", "past_future_lengths", "kv_heads"):
+    for key in ("residual", "past_future_lengths", "kv_heads", "shared"):
         if layer.get(key) is not None:
             out[key] = copy.deepcopy(layer[key])
     if "kv_heads" in out:
@@ -234,6 +236,8 @@ def _report_variant(name: str, entry: dict) -> dict:
         # centered erank of the states the output head reads, pooled over the probe batch
         "final_hidden_centered_erank": probe.get("final_hidden", {}).get("erank"),
     }
+    if entry.get("pattern"):  # a layer pattern (a hybrid): its layers grouped by label
+        add_kinds(variant, [str(label) for label in entry["pattern"]])
     if entry.get("status") is not None:  # how the run ended (train); advice depends on it
         variant["status"] = copy.deepcopy(entry["status"])
     source = entry.get("source") or {}
@@ -242,13 +246,29 @@ def _report_variant(name: str, entry: dict) -> dict:
     return variant
 
 
+def add_kinds(variant: dict, pattern: list[str]) -> None:
+    """A hybrid's layers labelled by the pattern (one label per layer, its sub-block's
+    name) and grouped per label: each kind realized against its caps, as a Hugging Face
+    report's kinds are (budgets/report/kinds.py)."""
+    if len(pattern) != len(variant["layers"]):
+        raise ValueError(f"variant {variant['variant']!r}: a pattern of {len(pattern)} "
+                         f"labels for {len(variant['layers'])} probed layers")
+    variant["pattern"] = pattern
+    for layer, label in zip(variant["layers"], pattern, strict=True):
+        layer["kind"] = {"label": label, "zoo_block": layer["block"],
+                         "moe": layer["block"] == "moe"}
+    variant["kinds"] = kind_summary(variant["layers"])
+
+
 def build_report(variants: dict[str, dict], experiment: str = "",
                  thresholds: VerdictThresholds | None = None) -> dict:
     """Declared vs realized for each variant; `variants` maps name -> {probe, step, params,
     metrics, and optionally status (train's run status: no advice unless finished and
-    learned) and lora ({"r", "targets"}: the adapter the experiment configures)}.
+    learned), lora ({"r", "targets"}: the adapter the experiment configures) and pattern
+    (a hybrid's label per layer: its layers are then grouped by kind)}.
     Returns a JSON-serializable dict (schema "rankzoo.report", version 1) with verdicts
-    and advice (budgets/advice/verdicts.py, budgets/advice/annotate.py) under the given thresholds."""
+    and advice (budgets/advice/verdicts.py, budgets/advice/annotate.py) under the given
+    thresholds."""
     if not variants:
         raise ValueError("build_report needs at least one variant, got none")
     report = {
@@ -296,6 +316,7 @@ LAYER_EXTRAS = {"heads": HEADS, "residual": RESIDUAL, "past_future_lengths": Lis
 REPORT_LAYER = Record({"layer": Int(0), "block": str, "axes": ListOf(AXIS_ROW),
                        "mixing_centered_erank": Maybe(float)},
                       {"name": str, "hidden_centered_erank": Maybe(float), "collapsed": bool,
+                       "kind": dict, "shared": Record({"module": str, "mixers": ListOf(int)}),
                        "input_centered_erank": Maybe(float), "centered_na": str,
                        **LAYER_EXTRAS})
 PARTS_TOTAL = {k: Int(0) for k in (*PARTS, "total")}
@@ -310,7 +331,8 @@ REPORT_VARIANT = Record({"variant": str, "step": Int(0), "params": Int(0),
                          "budget_total": Int(0), "layers": ListOf(REPORT_LAYER)},
                         {"final_hidden_centered_erank": Maybe(float), "batch_size": Maybe(Int(1)),
                          "budget": BUDGET_PARTS, "adapter_note": str, "status": STATUS,
-                         "probed_from": Record({"hf": str, "text": str})})
+                         "probed_from": Record({"hf": str, "text": str}),
+                         "pattern": ListOf(str), "kinds": ListOf(dict)})
 CONDITIONS = Record({"eps": float, "seq_len": Int(1), "checked": bool},
                     {"batch_size": Maybe(Int(1)), "max_observed": ANY})
 ADVICE = Record({"kind": str, "text": str},

@@ -2,19 +2,21 @@
 window W, global, no RoPE, an SSD state N, experts after them), realized against the caps
 their kind declares.
 
-    kinds = kind_summary(report_layers)      # after budgets.hf.probe.build_hf_report's rows
+    kinds = kind_summary(report_layers, {"global": "softmax", ...})   # build_hf_report's rows
 
 A sliding-window layer declares what zoo's sliding_window block declares (past->future
 cap W - 1), a global one what zoo's softmax block declares (T / 2): the same formula,
 budgets/budget.py's attention_budget, so each kind is compared with the zoo block that
-declares the same caps.
+declares the same caps. Which block that is, the caller says (budgets does not know zoo):
+train reads it from the blocks' own `facts.mirrors` (train/hf/probe.py zoo_blocks).
 """
 
 from __future__ import annotations
 
-# the zoo block (zoo/registry.py's name) that declares the caps of each attention kind
-ZOO_BLOCK = {"sliding": "sliding_window", "global": "softmax", "ssm": "ssm"}
-SUMMARY_QUANTITIES = ("past_future", "qk", "inference.k", "inference.v")
+from collections.abc import Mapping
+
+SUMMARY_QUANTITIES = ("past_future", "qk", "inference.k", "inference.v", "inference.state",
+                      "inference.latent")
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -22,9 +24,12 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def kind_summary(layers: list[dict]) -> list[dict]:
-    """Per kind label, in first-seen order: its layers, and per summary quantity the cap
-    (the largest declared over its layers) and the mean realized rank_eps."""
+def kind_summary(layers: list[dict], zoo_blocks: Mapping[str, str] | None = None) -> list[dict]:
+    """Per kind label, in first-seen order: its layers, the zoo block declaring the caps
+    of its attention kind (`zoo_blocks`: attention kind -> block; None where none is
+    given), and per summary quantity the cap (the largest declared over its layers) and
+    the mean realized rank_eps."""
+    zoo_blocks = zoo_blocks or {}
     groups: dict[str, list[dict]] = {}
     for layer in layers:
         if "kind" in layer:
@@ -39,6 +44,8 @@ def kind_summary(layers: list[dict]) -> list[dict]:
                 rows[q] = {"declared": max(a["declared"] for a in found),
                            "realized_mean": _mean([a["realized_mean"] for a in found])}
         out.append({"kind": label, "layers": [m["layer"] for m in members],
-                    "zoo_block": ZOO_BLOCK[kind["attention"]], "moe": kind["moe"],
+                    # a zoo layer is its own block; an HF layer's kind names its caps' block
+                    "zoo_block": kind.get("zoo_block") or zoo_blocks.get(kind["attention"]),
+                    "moe": kind["moe"],
                     "rows": rows})
     return out

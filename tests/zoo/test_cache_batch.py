@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import zoo
-
 from tests.zoo.test_contract import make_block, make_x
 
 NAMES = zoo.names()

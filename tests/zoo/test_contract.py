@@ -5,13 +5,18 @@ family's own tests chose (configs, seeds, inputs): the families' files keep only
 theirs (kernels, caches, formulas, variants).
 """
 
+import dataclasses
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 
 import pytest
 import torch
 
 import budgets
 import zoo
+from zoo.facts import CACHE_KINDS, HF_KINDS, Check, Facts, Sizing
+from zoo.registry import register, unregister
+from zoo.sliding_window import SlidingWindowAttention
 
 NAMES = zoo.names()
 
@@ -356,3 +361,110 @@ def bad_configs():
 def test_bad_config_names_the_value(name, kwargs, message):
     with pytest.raises(ValueError, match=message):
         zoo.build(name, **kwargs)
+
+
+# ---------------------------------------------------------------- facts
+
+def small_kwargs(name):
+    """The keywords make_block builds the block with, d_model included."""
+    return {"d_model": 32, "n_heads": 4, **SMALL_CAPS.get(name, {})}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_registered_block_declares_complete_facts(name):
+    """What train reads about a block (zoo/facts.py) is whole: a knob of its config with
+    ascending values, a legend naming it, a table cell from a built config, a valid cache
+    kind with the report row its state is read from, checks that build, mirrors known."""
+    facts, kw = zoo.facts_of(name), small_kwargs(name)
+    fields = {f.name for f in dataclass_fields(zoo.block_class(name).Config)}
+    s = facts.sizing
+    for knob, values in (s.knob, s.values), s.state_knob:
+        assert knob in fields, f"{name}: knob {knob!r} is not a config field"
+        got = list(values(kw, 32, 16))
+        assert got and all(isinstance(v, int) for v in got), (name, knob, got[:8])
+        assert got == sorted(set(got)), f"{name}: {knob}'s values are not ascending"
+    assert s.legend.startswith(f"{s.symbol} = {s.knob}"), s.legend  # says what it means
+    cell = s.describe(zoo.build(name, **kw).config)
+    assert isinstance(cell, str) and cell, name
+    assert facts.cache in CACHE_KINDS
+    assert facts.cache == "kv" or (facts.state_row or "").startswith("inference."), name
+    for check in facts.checks:
+        for n in (1, 2, 5):
+            block = check.kwargs(n)
+            assert block["block"] == name, (name, check.suffix)
+            zoo.build(name, **{**kw, **{k: v for k, v in block.items() if k != "block"}})
+            assert str(n) in check.suffix.format(n=n) and str(n) in check.text.format(n=n)
+    assert len({c.advice for c in facts.checks}) == len(facts.checks), "one check per advice"
+    assert set(facts.mirrors) <= set(HF_KINDS)
+
+
+def test_checks_name_their_variants_apart_and_each_hf_kind_has_one_block():
+    suffixes = [c.suffix for name in NAMES for c in zoo.facts_of(name).checks]
+    assert len(suffixes) == len(set(suffixes)), suffixes
+    mirrors = [k for name in NAMES for k in zoo.facts_of(name).mirrors]
+    assert len(mirrors) == len(set(mirrors)), mirrors
+
+
+class ToyWindow(SlidingWindowAttention):
+    """A new block as a user would add one: its module's class and its facts, nothing
+    else (its math is sliding_window's)."""
+
+    facts = Facts(
+        Sizing("window", lambda kw, D, T: range(2, T + 1), "W", "W = window: a toy",
+               lambda c: f"toy W={c.window}"),
+        cache="kv", mirrors=("sliding",),
+        checks=(Check("cheaper_block", "toy_w{n}", lambda n: {"block": "toy", "window": n + 1},
+                      "a toy window of W = {n} + 1"),))
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """ToyWindow registered as "toy" (its one registry row), taking the sliding kind
+    over from sliding_window for the test; unregistered afterwards."""
+    sliding = zoo.block_class("sliding_window")
+    monkeypatch.setattr(sliding, "facts", dataclasses.replace(sliding.facts, mirrors=()))
+    register("toy")(ToyWindow)
+    yield ToyWindow
+    unregister("toy")
+
+
+def test_a_new_block_is_one_module_and_one_registry_row(toy):
+    from train.commands.blocks import blocks_document
+    from train.commands.check.emit import candidates
+    from train.commands.check.outcome import block_text
+    from train.commands.pick import Constraints, pick_document
+    from train.config.parse import parse_variant_check
+    from train.hf import zoo_blocks
+    from train.sizing.families import describe, shapes, sizing_table
+    from train.sizing.match import state_knob
+
+    # sizing: pick, blocks and match.state
+    assert sizing_table()["toy"] is toy.facts.sizing and state_knob("toy")[0] == "window"
+    assert "toy" in [s.block for s in shapes(64, 4)]
+    doc = pick_document(Constraints(d_model=64, n_heads=4, n_layers=2, seq_len=32,
+                                    cache_budget=8192, cache_dtype="bf16"))
+    assert "toy" in {r["family"] for r in doc["candidates"]}
+    rows = [r for r in blocks_document(64, 4, 32)["blocks"] if r["family"] == "toy"]
+    assert rows and all(r["knobs"].startswith("toy W=") for r in rows)  # its presets
+    assert describe("toy", zoo.build("toy", d_model=64, n_heads=4, window=5).config) == "toy W=5"
+    # the advice checks: the emitted variants, the check record, the verdict's words
+    assert candidates(3)["toy_w3"] == {"block": "toy", "window": 4}
+    record = {"of": "mha", "advice": "cheaper_block", "state": 3}
+    assert parse_variant_check(record, "variants.cheap", "toy") == record
+    assert block_text("toy", "cheaper_block", 3) == "a toy window of W = 3 + 1"
+    # the HF per-kind table
+    assert zoo_blocks()["sliding"] == "toy"
+
+
+def test_a_block_registers_only_with_its_own_facts(toy):
+    class Bare(SlidingWindowAttention):  # inherits sliding_window's facts: not its own
+        pass
+
+    with pytest.raises(TypeError, match=r"block class Bare \(registered as 'bare'\) must "
+                                        r"declare `facts = Facts\(...\)`"):
+        register("bare")(Bare)
+    twin = type("Twin", (ToyWindow,), {"facts": ToyWindow.facts})
+    with pytest.raises(ValueError, match=r"block class Twin \(registered as 'twin'\) mirrors "
+                                         r"the HF layer kind 'sliding', which 'toy' already"):
+        register("twin")(twin)
+    assert "bare" not in zoo.names() and "twin" not in zoo.names()

@@ -6,8 +6,7 @@ import torch
 import budgets
 import budgets.rank.matfree as matfree
 import zoo
-from budgets.probe.blocks import measure_mixing, measure_mixing_matfree
-
+from budgets.probe.blocks import mixing_figures, mixing_figures_matfree
 from tests.zoo.conftest import Shapes
 
 CASES = {
@@ -31,8 +30,8 @@ def build(case: str, seed: int = 0):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matrix_free_past_future_equals_exact(case):
     block, x = build(case), torch.randn(2, 48, 32)
-    exact = measure_mixing(block.mixing_matrices(x), 0.1)
-    free = measure_mixing_matfree(block.mixing_operator(x), 0.1, k_max=64)
+    exact = mixing_figures(block.mixing_matrices(x), 0.1)[0]
+    free = mixing_figures_matfree(block.mixing_operator(x), 0.1, k_max=64)[0]
     for quantity in free:  # past_future always; mixing and centered for attention
         got, want = free[quantity][0], exact[quantity][0]
         assert got["rank_eps"] == want["rank_eps"], quantity
@@ -43,8 +42,8 @@ def test_matrix_free_past_future_equals_exact(case):
 
 def test_factored_blocks_give_every_metric_exactly():
     block, x = build("ssm-N4"), torch.randn(2, 48, 32)
-    exact = measure_mixing(block.mixing_matrices(x), 0.1)["past_future"][0]
-    free = measure_mixing_matfree(block.mixing_operator(x), 0.1)["past_future"][0]
+    exact = mixing_figures(block.mixing_matrices(x), 0.1)[0]["past_future"][0]
+    free = mixing_figures_matfree(block.mixing_operator(x), 0.1)[0]["past_future"][0]
     torch.testing.assert_close(torch.tensor(free["erank"]), torch.tensor(exact["erank"]),
                                rtol=1e-4, atol=1e-6)
 

@@ -1,8 +1,10 @@
 """What the verbs of the `rankzoo` command share: the flags declared once, the bad-input
-errors, the one spelling of library parameters as flags, notes and progress on stderr.
+errors, the one spelling of library parameters as flags, the document printed, notes and
+progress on stderr.
 
-Every verb's stdout is its document (rich tables, Markdown or exactly one JSON document);
-notes, progress and errors go to stderr, so `--format json` stays parseable.
+Every verb's stdout is its document (rich tables, Markdown or exactly one JSON document),
+printed by print_document alone; notes, progress and errors go to stderr, so
+`--format json` stays parseable.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable, Iterable
 
 from rich.console import Console
 
@@ -150,10 +153,17 @@ def as_flags_error(e: Exception) -> Exception:
     return (type(e) if type(e) in BAD_INPUT else ValueError)(as_flags(str(e)))
 
 
-def print_document(doc: dict, fmt: str, out: Console, tables) -> None:
-    """The verb's document on stdout: one JSON document, or `tables(doc)` for people."""
+def print_document(doc: dict, fmt: str, out: Console, tables: Callable[[dict], Iterable],
+                   markdown: Callable[[dict], str] | None = None) -> None:
+    """The verb's document on stdout, the one way every verb prints it: `--format json`
+    one JSON document (NaN refused: it is not JSON), `md` the text `markdown(doc)`, else
+    for people each rich renderable of `tables(doc)`."""
     if fmt == "json":
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    elif fmt == "md":
+        if markdown is None:  # add_format(md=False) offers no md: a verb's own mistake
+            raise ValueError(f"--format {fmt}: this command has no Markdown form")
+        print(markdown(doc), end="")
     else:
         for table in tables(doc):
             out.print(table)

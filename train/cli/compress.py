@@ -5,7 +5,6 @@ variant's directory for `rankzoo report`."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 from rich.console import Console
@@ -22,6 +21,7 @@ from .common import (
     one_source_error,
     only_with_hf,
     positive_int,
+    print_document,
     print_notes,
     show_progress,
 )
@@ -96,12 +96,7 @@ def cmd_compress(args, out: Console) -> int:
         from ..render.compress import write_plot
 
         print(f"rankzoo: wrote {write_plot(doc, args.plot)}", file=sys.stderr)
-    if args.format == "json":
-        print(json.dumps(doc, indent=2, allow_nan=False))
-    elif args.format == "md":
-        print(compress_markdown(doc), end="")
-    else:
-        out.print(compress_table(doc))
+    print_document(doc, args.format, out, lambda d: [compress_table(d)], compress_markdown)
     if args.record:  # after printing: a refusal now keeps the measurement on stdout
         from ..commands.compress.record import write_record
 

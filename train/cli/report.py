@@ -9,7 +9,7 @@ import sys
 from rich.console import Console
 
 from ..experiment.sweep import run_summary
-from ..rundir.read import load_run
+from ..rundir.read import load_run, rank_histories
 from .common import (
     BAD_INPUT,
     add_details,
@@ -22,6 +22,7 @@ from .common import (
     one_source_error,
     only_with_hf,
     positive_int,
+    print_document,
     print_notes,
     show_progress,
 )
@@ -203,8 +204,6 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     variants), and recall vs capacity.
     `again`: the command that shows the details, named under the short answer; `run_dir`:
     the run directory, whose variants' config.yaml say which check which (outcome.py)."""
-    import budgets
-
     from ..commands.check.outcome import attach_checks, recorded_checks
     from ..render import render_advice, render_table
     from ..render.answer import render_answer
@@ -216,30 +215,29 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     # a check experiment's verdicts (none: no key)
     attach_checks(report, recorded_checks(run_dir) if run_dir is not None else {})
     view = recall_view(report)  # None unless the variants ran MQAR with per-count accuracies
-    if fmt == "json":
-        extra = {**({"sweep": sweep} if sweep is not None else {}),
-                 **({"recall": view} if view is not None else {})}
-        print(budgets.to_json({**report, **extra}))
-    elif fmt == "md":
-        print(report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else ""), end="")
-    elif details:
-        out.print(render_table(report))
-        out.print(summary_table(report))
-        if sweep is not None:
-            out.print(sweep_table(sweep))
-        if view is not None:
-            out.print(recall_table(view))
-        out.print(render_advice(report))
-    else:
-        out.print(render_answer(report, f"every table: `{again}`" if again else ""))
-        if view is not None:
-            out.print(recall_table(view))
+
+    def tables(_) -> list:
+        recall = [] if view is None else [recall_table(view)]
+        if details:
+            return [render_table(report), summary_table(report),
+                    *([] if sweep is None else [sweep_table(sweep)]), *recall,
+                    render_advice(report)]
+        return [render_answer(report, f"every table: `{again}`" if again else ""), *recall]
+
+    def markdown(_) -> str:
+        return report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else "")
+
+    # the JSON document: the report with the sweep summary and the recall view beside it
+    doc = {**report, **({"sweep": sweep} if sweep is not None else {}),
+           **({"recall": view} if view is not None else {})}
+    print_document(doc, fmt, out, tables, markdown)
 
 
 def _plot(run_dir: str, report: dict, out_dir: str) -> None:
     from ..render.plots import write_plots
 
-    written, notes = write_plots(run_dir, report, out_dir)
+    check_plot_dir(out_dir)  # refused before the records are read, as before any figure
+    written, notes = write_plots(rank_histories(run_dir), report, out_dir, run_dir)
     print_notes(notes)
     print(f"rankzoo: wrote {len(written)} figures to {out_dir}", file=sys.stderr)
 
@@ -247,30 +245,37 @@ def _plot(run_dir: str, report: dict, out_dir: str) -> None:
 # ---------------------------------------------------------------- a Hugging Face model
 
 def _report_hf(args, out: Console) -> int:
-    import budgets
     from budgets.hf.probe import build_hf_report
 
-    from ..render import hf_report_markdown, render_advice, render_hf_table, render_table
-    from ..render.answer import render_answer
+    from ..hf import zoo_blocks
+    from ..render import hf_report_markdown
 
     if args.plot:
         check_plot_dir(args.plot)
     name, entry = _probe_hf(args)
-    report = build_hf_report(name, entry)
+    report = build_hf_report(name, entry, zoo_blocks=zoo_blocks())
     if args.plot:
         _plot_hf(name, entry, report, args.plot)
-    if args.format == "json":
-        print(budgets.to_json(report))
-    elif args.format == "md":
-        print(hf_report_markdown(report), end="")
-    elif args.details:
-        out.print(render_table(report))
-        out.print(render_hf_table(report))  # no training: no variant summary to show
-        out.print(render_advice(report))
-    else:  # the short answer, then what each kind of layer uses (local vs global, SSM)
-        out.print(render_answer(report, "every table: the same command with --details"))
-        out.print(render_hf_table(report))
+    print_document(report, args.format, out, hf_tables if args.details else hf_answer,
+                   hf_report_markdown)
     return 0
+
+
+def hf_tables(report: dict) -> list:
+    """`report --hf --details`: the report's sections (no training: no variant summary)."""
+    from ..render import render_advice, render_hf_table, render_table
+
+    return [render_table(report), render_hf_table(report), render_advice(report)]
+
+
+def hf_answer(report: dict) -> list:
+    """`report --hf`: the short answer, then what each kind of layer uses (local vs
+    global, SSM)."""
+    from ..render import render_hf_table
+    from ..render.answer import render_answer
+
+    return [render_answer(report, "every table: the same command with --details"),
+            render_hf_table(report)]
 
 
 def _probe_hf(args) -> tuple[str, dict]:

@@ -4,7 +4,6 @@ dry run, so the other verbs start fast."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,7 +14,8 @@ from ..experiment.plan import plan_document
 from ..experiment.sweep import summarize
 from ..harness.devices import check_experiment
 from ..render.plan import plan_table
-from .common import add_details, add_format, console
+from ..rundir.layout import CHECKPOINT_FILE
+from .common import add_details, add_format, console, print_document
 from .report import print_report
 
 
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     mode.add_argument("--overwrite", action="store_true",
                       help="delete an existing run directory of this experiment and redo it")
     mode.add_argument("--resume", action="store_true",
-                      help="continue each variant from its checkpoints/last.ckpt")
+                      help=f"continue each variant from its {CHECKPOINT_FILE}")
     add_format(t, help="json: print the final report as one JSON document on stdout")
     add_details(t)
     t.add_argument("--dry-run", action="store_true",
@@ -70,9 +70,5 @@ def cmd_train(args, out: Console) -> int:
 
 
 def _dry_run(exp, fmt: str, out: Console) -> int:
-    doc = plan_document(exp)
-    if fmt == "json":
-        print(json.dumps(doc, indent=2))
-    else:
-        out.print(plan_table(doc))
+    print_document(plan_document(exp), fmt, out, lambda doc: [plan_table(doc)])
     return 0

@@ -10,8 +10,9 @@ gives its layer the parameters of a multi-head softmax layer with a 4 x d_model 
 and the FLOPs of one token, averaged over seq_len (prefill) and the seq_len-th (decode).
 The knobs a preset sets are spelled out per family (`K=16, F=153`) and explained in the
 legend. A preset that cannot be built at the sizes asked gets a row saying why. The cost
-figures are train/sizing/costs.py's and the knobs' meaning train/sizing/families.py's,
-which `rankzoo pick` reads too to size the same knobs to a budget.
+figures are train/sizing/costs.py's and the knobs' meaning is the sizing each family
+declares (zoo/facts.py, read through train/sizing/families.py), which `rankzoo pick`
+reads too to size the same knobs to a budget.
 """
 
 from __future__ import annotations

@@ -9,15 +9,17 @@ from typing import Any
 
 from zoo.config import StrictConfig
 
+from .layers import LayerSpec, expand, unit_to_dict
 from .sections import DataConfig, MatchConfig, ModelConfig, MonitorConfig, TrainConfig
 from .stage_sections import FinetuneConfig, SweepConfig
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One variant: a zoo block name and its kwargs (block_defaults merged in). In a sweep,
-    each grid point is a Variant of its own whose `base` names the configured variant and
-    whose `point` holds its optimizer, lr and seed."""
+    """One variant: a zoo block name and its kwargs (block_defaults merged in), or a layer
+    pattern (block "hybrid", its repeating `unit` of LayerSpecs, train/config/layers.py).
+    In a sweep, each grid point is a Variant of its own whose `base` names the configured
+    variant and whose `point` holds its optimizer, lr and seed."""
 
     name: str
     block: str
@@ -30,9 +32,18 @@ class Variant:
     # what this variant checks: {of, advice, state} (parse.py CHECK_KEYS), a suggestion the
     # report made for variant `of`; `rankzoo report` reads it back from config.yaml
     check: dict[str, Any] = field(default_factory=dict)
+    unit: tuple[LayerSpec, ...] = ()  # a layer pattern's repeating unit; () for one block
+
+    def layer_specs(self, n_layers: int) -> list[LayerSpec]:
+        """One spec per layer: the unit repeated, or the one block in every layer."""
+        if self.unit:
+            return expand(self.unit, n_layers)
+        return [LayerSpec(self.block, self.block, self.block_kwargs)] * n_layers
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block": self.block, **self.block_kwargs,
+        blocks = unit_to_dict(self.unit) if self.unit else {"block": self.block,
+                                                            **self.block_kwargs}
+        return {**blocks,
                 **({"train": dict(self.train)} if self.train else {}),
                 **({"check": dict(self.check)} if self.check else {})}
 
@@ -88,8 +99,7 @@ class Experiment:
         config = {
             "experiment": self.name, "variant": variant, "seed": v.point.get("seed", self.seed),
             "data": {**self.data.to_dict(), "vocab_size": self.data.vocab_size},
-            "model": model,
-            "block": {"name": v.block, **v.block_kwargs, **self.state.get(variant, {})},
+            "model": model, **self._blocks(v, variant),
             "train": train, "monitor": self.monitor.to_dict(),
             "match": self.match.to_dict(),
         }
@@ -100,6 +110,16 @@ class Experiment:
         if self.data.intrinsic_rank is not None:
             config["data_intrinsic_rank"] = self.data.intrinsic_rank
         return config
+
+    def _blocks(self, v: Variant, variant: str) -> dict[str, Any]:
+        """A run config's blocks: `block` (name and kwargs) for one block in every layer;
+        for a layer pattern, `layers` (one {name, **kwargs} per layer) and `pattern` (each
+        layer's label)."""
+        if not v.unit:
+            return {"block": {"name": v.block, **v.block_kwargs, **self.state.get(variant, {})}}
+        specs = v.layer_specs(self.model.n_layers)
+        return {"layers": [{"name": s.block, **s.kwargs} for s in specs],
+                "pattern": [s.label for s in specs]}
 
     def base_variants(self) -> dict[str, str]:
         """Configured variant -> the run that stands for it: itself, or in a sweep its

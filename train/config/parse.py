@@ -15,9 +15,11 @@ from typing import Any
 
 import zoo
 from zoo.config import positive_int, require, seed_value, unknown_key_error
+from zoo.facts import Check
 
 from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
+from .layers import HYBRID, is_hybrid, parse_unit
 from .sections import DataConfig, TrainConfig, check_data_keys, parse_section
 from .stage_sections import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_name, run_name
 from .targets import linear_names, variant_targets
@@ -45,7 +47,8 @@ def parse_body(raw: Any) -> Experiment:
     sections = {s: parse_section(raw.get(s), cls, s) for s, cls in SECTIONS.items()}
     defaults = raw.get("block_defaults") or {}
     require(isinstance(defaults, dict), f"block_defaults must be a mapping, got {defaults!r}")
-    variants = parse_variants(raw.get("variants"), defaults, sections["model"].d_model)
+    variants = parse_variants(raw.get("variants"), defaults, sections["model"].d_model,
+                              sections["model"].n_layers)
     check_variant_train(sections["train"], variants)
     check_variant_checks(variants)
     # state first: the matched knob changes the block's parameters, which params then match
@@ -86,14 +89,17 @@ def check_name_length(what: str, name: str) -> None:
 
 # ---------------------------------------------------------------- variants
 
-def parse_variants(raw: Any, defaults: dict[str, Any], d_model: int) -> dict[str, Variant]:
+def parse_variants(raw: Any, defaults: dict[str, Any], d_model: int,
+                   n_layers: int) -> dict[str, Variant]:
     require(isinstance(raw, dict) and bool(raw),
             "variants must be a non-empty mapping of name -> {block: ..., ...}")
-    return {n: parse_variant(n, v, defaults, d_model) for n, v in raw.items()}
+    return {n: parse_variant(n, v, defaults, d_model, n_layers) for n, v in raw.items()}
 
 
-def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -> Variant:
-    """One variant, its block config built (without weights) to validate every value."""
+def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int,
+                  n_layers: int) -> Variant:
+    """One variant, one block for every layer or a layer pattern (train/config/layers.py),
+    each block config built (without weights) to validate every value."""
     where = f"variants.{name}"
     require(isinstance(name, str) and bool(NAME_RE.match(name)),
             f"variant name {name!r} must be letters, digits, '_', '.' or '-' (it names a "
@@ -104,6 +110,23 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
     raw = dict(raw)
     train = parse_variant_train(raw.pop("train", None), where)
     check = raw.pop("check", None)  # a record of the run, not a block setting
+    if is_hybrid(raw):
+        unit = parse_unit(raw, where, n_layers,
+                          lambda at, spec: parse_block(at, spec, defaults, d_model))
+        return Variant(name, HYBRID, {}, train=train, unit=unit,
+                       check=parse_variant_check(check, where, HYBRID))
+    block, kwargs = parse_block(where, raw, defaults, d_model)
+    return Variant(name, block, kwargs, train=train,
+                   check=parse_variant_check(check, where, block))
+
+
+def parse_block(where: str, raw: Any, defaults: dict[str, Any],
+                d_model: int) -> tuple[str, dict[str, Any]]:
+    """One block spec {block: <name>, **kwargs}: its name and kwargs (block_defaults
+    merged under them), the config built without weights to validate every value."""
+    require(isinstance(raw, dict),
+            f"{where} must be a mapping with at least 'block', got {raw!r}")
+    raw = dict(raw)
     block = raw.pop("block", None)
     require(block is not None, f"{where}.block is missing; one of {zoo.names()}")
     require(isinstance(block, str), f"{where}.block must be one of {zoo.names()}, got "
@@ -120,8 +143,7 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int) -
         cls.Config.from_dict(kwargs, d_model=d_model)  # validates every value
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
-    return Variant(name, block, kwargs, train=train,
-                   check=parse_variant_check(check, where, block))
+    return block, kwargs
 
 
 # what a variant may set for itself under `train:`; the rest of train is shared, so that
@@ -151,10 +173,16 @@ def check_variant_train(train: TrainConfig, variants: dict[str, Variant]) -> Non
 
 
 # `check:` marks a variant trained to check a suggestion the report made for another
-# variant (train/commands/check/): which variant, which advice, the state it named. Per
-# advice, the blocks that act on it: a fixed state of N is an SSM's N or linear's F.
+# variant (train/commands/check/): which variant, which advice, the state it named.
 CHECK_KEYS = ("of", "advice", "state")
-CHECKED_ADVICE = {"cheaper_block": ("ssm", "linear")}
+
+
+def advice_checks(advice: str | None = None) -> list[tuple[str, Check]]:
+    """(block, Check) for each Check a registered family declares (zoo/facts.py), in
+    listing order, of `advice` only when given: the blocks whose training checks an
+    advice (a fixed state of N: linear attention's F, an SSM's N)."""
+    return [(name, check) for name in zoo.families() for check in zoo.facts_of(name).checks
+            if advice is None or check.advice == advice]
 
 
 def parse_variant_check(raw: Any, where: str, block: str) -> dict[str, Any]:
@@ -174,12 +202,13 @@ def parse_variant_check(raw: Any, where: str, block: str) -> dict[str, Any]:
                          f"{', '.join(CHECK_KEYS)})")
     require(isinstance(raw["of"], str), f"{where}.of must name a variant, got {raw['of']!r}")
     advice = raw["advice"]
-    require(isinstance(advice, str) and advice in CHECKED_ADVICE,
-            f"{where}.advice must be one of {list(CHECKED_ADVICE)}, got {advice!r}")
+    known = list(dict.fromkeys(check.advice for _, check in advice_checks()))
+    require(isinstance(advice, str) and advice in known,
+            f"{where}.advice must be one of {known}, got {advice!r}")
     positive_int(where, state=raw["state"])
-    require(block in CHECKED_ADVICE[advice],
-            f"{where}: a {block} block cannot check {advice} advice (a fixed state: one of "
-            f"{', '.join(CHECKED_ADVICE[advice])})")
+    blocks = list(dict.fromkeys(name for name, _ in advice_checks(advice)))
+    require(block in blocks, f"{where}: a {block} block cannot check {advice} advice (the "
+                             f"blocks that do: {', '.join(blocks)})")
     return dict(raw)
 
 
@@ -218,14 +247,17 @@ def expand_sweep(sweep: SweepConfig, variants: dict[str, Variant],
             require(name not in runs and (name not in variants or name == v.name),
                     f"sweep: run name {name!r} is taken twice; rename variant {v.name!r}")
             check_name_length(f"sweep run name {name[:20]}...", name)
-            runs[name] = Variant(name, v.block, v.block_kwargs, base=v.name, point=point,
-                                 train=v.train, check=v.check)
+            runs[name] = dataclasses.replace(v, name=name, base=v.name, point=point)
     widths = {run: d_mlp[r.base] for run, r in runs.items() if r.base in d_mlp}
     return runs, widths
 
 
 def match_states(sections: dict[str, Any],
                  variants: dict[str, Variant]) -> dict[str, dict[str, int]]:
+    hybrids = [n for n, v in variants.items() if v.unit]
+    require(not hybrids, f"match.state sizes one block's state knob to the first variant's "
+                         f"cache; layer patterns ({', '.join(hybrids)}) set each layer's "
+                         f"knob themselves: set match.state: false")
     return matched_states({n: (v.block, v.block_kwargs) for n, v in variants.items()},
                           sections["model"].d_model, sections["model"].n_layers,
                           sections["data"].seq_len, sections["match"].tolerance)
@@ -235,7 +267,9 @@ def match_widths(sections: dict[str, Any], variants: dict[str, Variant],
                  state: dict[str, dict[str, int]]) -> dict[str, int]:
     data, model = sections["data"], sections["model"]
     sizes = {**model.to_dict(), "vocab_size": data.vocab_size, "seq_len": data.seq_len}
-    blocks = {n: (v.block, {**v.block_kwargs, **state.get(n, {})}) for n, v in variants.items()}
+    blocks = {n: [(s.block, s.kwargs) for s in v.layer_specs(model.n_layers)] if v.unit
+              else (v.block, {**v.block_kwargs, **state.get(n, {})})
+              for n, v in variants.items()}
     return matched_widths(sizes, blocks, sections["match"].tolerance)
 
 

@@ -133,9 +133,9 @@ def check_data_keys(raw: dict[str, Any]) -> None:
 @dataclass(frozen=True)
 class MatchConfig(StrictConfig):
     """Matching against the first (reference) variant, each within `tolerance`:
-    state: size each variant's state knob (train/sizing/match.py STATE_KNOBS: n_kv_heads,
-    window, feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements per sequence at
-    data.seq_len match; the matched value overrides one written in the variant.
+    state: size each variant's state knob (the one its block declares, zoo/facts.py:
+    n_kv_heads, window, feature_dim, d_state, kv_lora_rank, head_dim) so its cached elements
+    per sequence at data.seq_len match; the matched value overrides one written in the variant.
     params: then size each variant's MLP so its total parameter count matches."""
 
     owner: ClassVar[str] = "match"

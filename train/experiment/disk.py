@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import Experiment, lora_name
+from ..lm.decoder import max_heads
 from ..rundir.files import free_bytes
 from .preflight import gib, static_estimate
 
@@ -84,7 +85,7 @@ def log_bytes(exp: Experiment, run: str) -> int:
     """ranks.jsonl and TensorBoard events of one run (the module docstring)."""
     config = exp.variant_config(run)
     t, m = exp.train, exp.monitor
-    L, H = config["model"]["n_layers"], config["block"].get("n_heads", 1)
+    L, H = config["model"]["n_layers"], max_heads(config)
     T_p = min(exp.data.seq_len, m.probe_len)
     records = t.max_steps // m.every_n_steps + 1
     ranks = records * L * (2 + H) * 2**10 + L * 8 * H * T_p * 12

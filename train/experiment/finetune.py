@@ -29,7 +29,8 @@ from ..harness.module import LMModule
 from ..lm.lora import attach_lora
 from ..render.finetune import finetune_table
 from ..rundir.files import read_yaml, write_json
-from ..rundir.read import finite_metrics, last_record
+from ..rundir.layout import VariantFiles
+from ..rundir.read import finite_metrics, last_record, load_checkpoint
 
 SUMMARY_FILE = "finetune.json"
 __all__ = ["SUMMARY_FILE", "finetune_experiment", "finetune_variant", "lora_name",
@@ -83,7 +84,7 @@ def base_checkpoint(exp_dir: Path, name: str, variant: str, source: str | None,
                     resume: bool) -> Path:
     """The pretrained checkpoint a fine-tune starts from, after the checks that nothing is
     missing and nothing already written would be overwritten."""
-    base_ckpt = Path(exp_dir) / (source or variant) / "checkpoints" / "last.ckpt"
+    base_ckpt = VariantFiles(Path(exp_dir) / (source or variant)).checkpoint
     if not base_ckpt.is_file():
         raise FileNotFoundError(f"fine-tune {name}: no pretrained checkpoint {base_ckpt} "
                                 f"(train variant {variant!r} first)")
@@ -95,10 +96,11 @@ def base_checkpoint(exp_dir: Path, name: str, variant: str, source: str | None,
 
 def load_base(path: Path) -> tuple[dict, dict, int]:
     """(resolved variant config, model state dict, step) of a pretrained checkpoint."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    config = dict(ckpt["hyper_parameters"]["config"])
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
-    return config, state, int(ckpt.get("global_step", 0))
+    ckpt = load_checkpoint(path)
+    if ckpt.config is None:
+        raise ValueError(f"{path}: holds no config (hyper_parameters): not the checkpoint "
+                         "of a rankzoo run")
+    return dict(ckpt.config), ckpt.model_state, ckpt.step or 0
 
 
 def finetune_config(exp: Experiment, variant: str, r: int, base: dict, base_ckpt: Path,
@@ -125,7 +127,7 @@ def finetune_config(exp: Experiment, variant: str, r: int, base: dict, base_ckpt
 
 def _check_same_config(vdir: Path, config: dict) -> None:
     """A resumed fine-tune must continue the same one, not a changed r, data or train."""
-    path = vdir / "config.yaml"
+    path = VariantFiles(vdir).config
     if not path.is_file():
         return
     old = read_yaml(path) or {}
@@ -173,19 +175,20 @@ def summarize(exp: Experiment, exp_dir: Path) -> dict:
     ft, out = exp.finetune, {}
     for variant in exp.finetune_variants():
         vdirs = [exp_dir / lora_name(variant, r) for r in ft.ranks]
-        out[variant] = [summary_row(v) for v in vdirs if (v / "report.json").is_file()]
+        out[variant] = [summary_row(v) for v in vdirs if VariantFiles(v).report.is_file()]
     return {"experiment": exp.name, "eps": exp.monitor.eps, "finetune": ft.to_dict(),
             "variants": out}
 
 
 def summary_row(vdir: Path) -> dict:
     """r vs the adapter rank realized (mean and max over adapted modules) and metrics."""
-    config = read_yaml(vdir / "config.yaml") or {}
-    f, record = config["finetune"], last_record(vdir / "ranks.jsonl")
+    files = VariantFiles(vdir)
+    config = read_yaml(files.config) or {}
+    f, record = config["finetune"], last_record(files.ranks)
     rows = [a for layer in record["layers"] for a in layer.get("adapters", [])]
     metric = {m: [a["metrics"][m] for a in rows] for m in ("erank", "numerical_rank",
                                                             "rank_eps")}
-    report = budgets.load_report(vdir / "report.json")["variants"][0]
+    report = budgets.load_report(files.report)["variants"][0]
     return {"run": vdir.name, "r": f["r"], "alpha": f["alpha"], "step": record["step"],
             "adapted": len(rows), "trainable_params": f.get("trainable_params"),
             "erank_mean": _mean(metric["erank"]),

@@ -19,7 +19,9 @@ import torch
 
 import zoo
 
-from ..sizing.match import STATE_KNOBS, count_params, default_d_mlp
+from ..config.layers import HYBRID, LayerSpec, describe
+from ..lm.decoder import block_specs
+from ..sizing.match import count_params, default_d_mlp, state_knob
 
 __all__ = ["plan_document", "plan_row"]
 
@@ -43,37 +45,51 @@ def plan_document(exp) -> dict[str, Any]:
 
 def plan_row(exp, name: str, run: str, first: dict[str, Any] | None) -> dict[str, Any]:
     """The row of variant `name` (built as its run `run`), its differences relative to the
-    first row (None: this is the first)."""
+    first row (None: this is the first). A layer pattern's budget cells are the largest cap
+    among its layers, its cache and FLOPs the sum over them; `layers` gives each layer's."""
     T, D, n_layers = exp.data.seq_len, exp.model.d_model, exp.model.n_layers
     config = exp.variant_config(run)
-    block_kwargs = {k: v for k, v in config["block"].items() if k != "name"}
+    specs = block_specs(config)
     with torch.device("meta"):
-        block = zoo.build(config["block"]["name"], d_model=D, **block_kwargs)
-    budget = block.budget(T)
+        budgets = [zoo.build(block, d_model=D, **kw).budget(T) for block, kw in specs]
     d_mlp = config["model"]["d_mlp"] or default_d_mlp(D, exp.model.mlp_ratio, None)
-    params = count_params(exp.data.vocab_size, D, n_layers, config["block"]["name"],
-                          block_kwargs, d_mlp, T, exp.model.norm, exp.model.tie_embeddings)
-    cache = budget.cache_elements * n_layers
+    params = count_params(exp.data.vocab_size, D, n_layers, None, None, d_mlp, T,
+                          exp.model.norm, exp.model.tie_embeddings, layers=specs)
+    cache = sum(b.cache_elements for b in budgets)
     ref, ref_cache = (first["params"], first["cache_elements"]) if first else (params, cache)
-    return {
-        "variant": name, "block": config["block"]["name"], "kwargs": block_kwargs,
+    row = {
+        "variant": name, "block": config["block"]["name"] if "block" in config else HYBRID,
+        "kwargs": specs[0][1] if "block" in config else {},
         "params": params, "rel_diff": (params - ref) / ref, "d_mlp": d_mlp,
-        "state": _state_row(exp, run, block_kwargs),
-        "budget_per_layer": {"mixing": budget.mixing, "logits": budget.logits,
-                             "value_path": budget.value_path,
-                             "inference": budget.inference, "total": budget.total},
+        "state": _state_row(exp, run, specs[0][1]),
+        "budget_per_layer": {k: max(_caps(b)[k] for b in budgets) for k in BUDGET_AXES},
         "cache_elements": cache,
         "cache_rel_diff": (cache - ref_cache) / ref_cache if ref_cache else 0.0,
-        "flops_per_token": budget.flops_per_token * n_layers,
+        "flops_per_token": sum(b.flops_per_token for b in budgets),
     }
+    if "layers" in config:
+        row["pattern"] = describe([LayerSpec(label, b, kw) for label, (b, kw)
+                                   in zip(config["pattern"], specs, strict=True)])
+        row["layers"] = [{"layer": i, "label": label, "block": b, "kwargs": kw,
+                          "budget": _caps(budget), "cache_elements": budget.cache_elements}
+                         for i, (label, (b, kw), budget)
+                         in enumerate(zip(config["pattern"], specs, budgets, strict=True))]
+    return row
+
+
+BUDGET_AXES = ("mixing", "logits", "value_path", "inference", "total")
+
+
+def _caps(budget) -> dict[str, int]:
+    return {k: getattr(budget, k) for k in BUDGET_AXES}
 
 
 def _state_row(exp, variant: str, used: dict[str, Any]) -> dict[str, Any] | None:
     """The variant's state knob: the value used and the one written in the config (None
     when unset there, i.e. the block's default); None for a block with no known knob."""
     v = exp.variants[variant]
-    if v.block not in STATE_KNOBS:
+    if v.unit:  # a layer pattern: each layer's knob is its own (match.state refuses it)
         return None
-    knob = STATE_KNOBS[v.block][0]
+    knob = state_knob(v.block)[0]
     return {"knob": knob, "value": used.get(knob), "written": v.block_kwargs.get(knob),
             "matched": knob in exp.state.get(variant, {})}

@@ -58,7 +58,7 @@ from zoo.ops.registry import BackendUnavailable
 
 from ..config import Experiment, variant_targets
 from ..data import make_splits
-from ..lm.decoder import build_model
+from ..lm.decoder import block_specs, build_model, max_heads
 from ..lm.lora import attach_lora
 from ..rundir.files import write_text
 from ..sizing.match import count_params, default_d_mlp
@@ -197,17 +197,17 @@ def static_estimate(exp: Experiment, run: str, variant: str) -> MemoryEstimate:
     from the config alone; the activations are added once measured (with_activations)."""
     config = exp.variant_config(run)
     data, model, train = exp.data, config["model"], config["train"]
-    block = {k: v for k, v in config["block"].items() if k != "name"}
+    specs = block_specs(config)
     d_mlp = model["d_mlp"] or default_d_mlp(model["d_model"], model["mlp_ratio"], None)
-    params = count_params(data.vocab_size, model["d_model"], model["n_layers"],
-                          config["block"]["name"], block, d_mlp, data.seq_len,
-                          model["norm"], model["tie_embeddings"])
+    params = count_params(data.vocab_size, model["d_model"], model["n_layers"], None, None,
+                          d_mlp, data.seq_len, model["norm"], model["tie_embeddings"],
+                          layers=specs)
     b = param_bytes(train["precision"])
     return MemoryEstimate(
         variant=variant, params=params, weights=params * b, gradients=params * b,
         optimizer=params * b * OPTIMIZER_STATES.get(train["optimizer"], 2),
         activations=None, data=16 * (data.train_size + data.val_size) * data.seq_len,
-        probe=probe_bytes(exp, block.get("n_heads", 1)), batch_size=data.batch_size,
+        probe=probe_bytes(exp, max_heads(config)), batch_size=data.batch_size,
         seq_len=data.seq_len, processes=processes(exp),
         # activations were measured in fp32: "true" 16- or 64-bit precision scales them
         activation_scale=b / 4 if "true" in train["precision"] or b == 8 else 1.0)
@@ -228,7 +228,7 @@ def finetune_estimate(exp: Experiment, variant: str, run: str,
     params += trainable
     train, data = view.train, view.data
     b = param_bytes(train.precision)
-    n_heads = exp.variant_config(run)["block"].get("n_heads", 1)
+    n_heads = max_heads(exp.variant_config(run))
     return MemoryEstimate(
         variant=variant, params=params, weights=params * b, gradients=trainable * b,
         optimizer=trainable * b * OPTIMIZER_STATES.get(train.optimizer, 2),

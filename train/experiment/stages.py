@@ -26,16 +26,16 @@ import budgets
 from budgets.schema import read_text
 
 from ..config import Experiment, lora_name, parse_experiment
-from ..harness.checkpoint import checkpoint_step
 from ..harness.devices import check_experiment
 from ..harness.fit import RunSpec, check_trainer, fit_run, is_global_zero, quiet_lightning
 from ..harness.module import NonFiniteLoss
 from ..render.document import report_markdown
 from ..render.sweep import sweep_markdown
 from ..rundir.files import read_yaml, remove_temporaries, write_text, write_yaml
+from ..rundir.layout import DIVERGED_FILE, EXPERIMENT_FILE, STATUS_FILE, VariantFiles
 from ..rundir.lock import hold_run_dir
-from ..rundir.read import DIVERGED_FILE, EXPERIMENT_FILE
-from ..rundir.status import STATUS_FILE, read_status
+from ..rundir.read import load_checkpoint
+from ..rundir.status import read_status
 from .disk import disk_preflight
 from .finetune import finetune_experiment
 from .preflight import preflight as sizes_preflight
@@ -275,8 +275,8 @@ def run_step(vdir: Path) -> int:
     with contextlib.suppress(ValueError):
         steps.append((read_status(vdir) or {}).get("step", 0))
     with contextlib.suppress(ValueError):
-        if (vdir / "checkpoints" / "last.ckpt").is_file():
-            steps.append(checkpoint_step(vdir / "checkpoints" / "last.ckpt"))
+        if VariantFiles(vdir).checkpoint.is_file():
+            steps.append(load_checkpoint(VariantFiles(vdir).checkpoint).step or 0)
     return max(steps)
 
 
@@ -289,8 +289,8 @@ def check_run_dirs(exp_dir: Path, exp: Experiment) -> None:
         changed = run_config_changes(exp_dir / name, exp.variant_config(name))
         if changed:
             refuse_run_dir(exp_dir / name, changed)
-        if (exp_dir / name / "ranks.jsonl").is_file():  # a resume trims it: it must read
-            read_text(exp_dir / name / "ranks.jsonl")  # not UTF-8: the file and line named
+        if VariantFiles(exp_dir / name).ranks.is_file():  # a resume trims it: it must read
+            read_text(VariantFiles(exp_dir / name).ranks)  # not UTF-8: the file and line named
     if exp.finetune is None:
         return
     ft = exp.finetune
@@ -311,7 +311,8 @@ def run_config_changes(vdir: Path, expected: dict,
     train.max_steps allowed when `steps_may_grow`. No or an unreadable config.yaml: no changes (the
     fit rewrites it)."""
     try:
-        written = read_yaml(vdir / "config.yaml") if (vdir / "config.yaml").is_file() else None
+        path = VariantFiles(vdir).config
+        written = read_yaml(path) if path.is_file() else None
     except ValueError:
         return []
     if not isinstance(written, dict):

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import SELECT_MODES, Experiment, parse_experiment
 from ..rundir.files import read_yaml, write_json
-from ..rundir.read import EXPERIMENT_FILE
+from ..rundir.layout import EXPERIMENT_FILE
 
 SWEEP_FILE = "sweep.json"
 __all__ = ["best_runs", "run_summary", "summarize", "write_summary"]

@@ -33,6 +33,7 @@ import budgets
 from zoo.config import positive_int, require
 
 from ..rundir.files import append_line, write_text
+from ..rundir.layout import RANKS_FILE
 
 # (quantity, metric) pairs logged as scalars: a few, so TensorBoard stays readable.
 DEFAULT_SCALARS = (
@@ -99,7 +100,7 @@ def spectra_lists(spectra: dict[str, torch.Tensor]) -> dict[str, list[list[float
 
 class RankMonitor(Callback):
     def __init__(self, every_n_steps: int, probe_batch: torch.Tensor, eps: float = 0.1,
-                 out_path: str | Path = "ranks.jsonl",
+                 out_path: str | Path = RANKS_FILE,
                  scalars: tuple[tuple[str, str], ...] = DEFAULT_SCALARS,
                  histograms: tuple[str, ...] | None = DEFAULT_HISTOGRAMS):
         positive_int("RankMonitor", every_n_steps=every_n_steps)

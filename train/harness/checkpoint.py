@@ -40,6 +40,8 @@ from budgets.schema import read_text
 
 from ..data import EpochBatches
 from ..rundir.files import atomic_path, write_text
+from ..rundir.layout import RANKS_FILE
+from ..rundir.read import Checkpoint, load_checkpoint
 
 STATE_KEY = "rankzoo"  # the checkpoint entry with the RNG states and the step's metrics
 
@@ -139,22 +141,17 @@ class TrainScalars(Callback):
             logger.log_metrics(metrics, step=step)
 
 
-def checkpoint_step(path: Path) -> int:
-    """The global step a checkpoint was saved at (memory-mapped: the weights stay on disk);
-    a file that is not a checkpoint is a ValueError naming it."""
+def resume_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint a resume continues from (train/rundir/read.py load_checkpoint); one
+    that does not read, or records no step, is a ValueError naming it."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        return int(checkpoint["global_step"])
-    except Exception as e:  # torch raises several types for a bad file
-        raise ValueError(f"cannot resume from {path}: not a readable checkpoint "
-                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                         "--overwrite redoes the run") from None
-
-
-def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
-    """A checkpoint's state_dict, memory-mapped (read after checkpoint_step, which names a
-    file that is not a checkpoint)."""
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)["state_dict"]
+        checkpoint = load_checkpoint(path)
+    except ValueError as e:
+        raise ValueError(f"cannot resume from {e}; --overwrite redoes the run") from None
+    if checkpoint.step is None:
+        raise ValueError(f"cannot resume from {path}: not a readable checkpoint (it records "
+                         "no global_step); --overwrite redoes the run")
+    return checkpoint
 
 
 def drop_records_from(path: Path, step: int) -> int:
@@ -169,7 +166,7 @@ def drop_records_from(path: Path, step: int) -> int:
     return len(lines) - len(keep)
 
 
-def record_step(line: str, path: Path | str = "ranks.jsonl") -> int:
+def record_step(line: str, path: Path | str = RANKS_FILE) -> int:
     """The step of a ranks.jsonl line; -1 for a blank line (kept, harmless)."""
     if not line.strip():
         return -1
@@ -177,7 +174,6 @@ def record_step(line: str, path: Path | str = "ranks.jsonl") -> int:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a rank record ({e}): {line[:80]!r}") from None
-
 
 
 # ---------------------------------------------------------------- RNG states

@@ -36,15 +36,22 @@ import budgets
 from ..config import Experiment, TrainConfig
 from ..data import EpochBatches, make_loaders
 from ..rundir.files import DISK_ERRORS, WriteFailed, write_failed, write_text, write_yaml
-from ..rundir.read import check_shapes, finished_entry, finite_metrics, last_record
+from ..rundir.layout import VariantFiles
+from ..rundir.read import (
+    check_shapes,
+    finished_entry,
+    finite_metrics,
+    last_record,
+    pattern_of,
+    run_config,
+)
 from ..rundir.status import read_status, run_status, status_line, write_status
 from .callbacks import DEFAULT_HISTOGRAMS, RankMonitor
 from .checkpoint import (
     StepCheckpoint,
     TrainScalars,
-    checkpoint_step,
-    checkpoint_weights,
     drop_records_from,
+    resume_checkpoint,
 )
 from .module import LMModule, NonFiniteLoss
 
@@ -94,16 +101,18 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
     train_loader, val_loader, probe_batch = seeded_data(spec.exp, spec.config["seed"])
     module = spec.module(val_loader)
     params = module.model.param_count()
-    last_ckpt = vdir / "checkpoints" / "last.ckpt"
+    files = VariantFiles(vdir)
+    last_ckpt = files.checkpoint
     ckpt_path = str(last_ckpt) if resume and last_ckpt.is_file() else None
-    start = checkpoint_step(last_ckpt) if ckpt_path else 0
-    if ckpt_path:  # another size than the config's: one line naming the file, not Lightning's
-        check_shapes(module, checkpoint_weights(last_ckpt), last_ckpt)
+    resumed = resume_checkpoint(last_ckpt) if ckpt_path else None
+    start = resumed.step if resumed else 0
+    if resumed:  # another size than the config's: one line naming the file, not Lightning's
+        check_shapes(module, resumed.state_dict, last_ckpt)
     if is_global_zero():
         vdir.mkdir(parents=True, exist_ok=True)
-        write_yaml(vdir / "config.yaml", {**spec.config, "params": params})
+        write_yaml(files.config, {**spec.config, "params": params})
         if resume:  # what the interrupted run wrote after its checkpoint
-            drop_records_from(vdir / "ranks.jsonl", after(start, ckpt_path))
+            drop_records_from(files.ranks, after(start, ckpt_path))
         write_status(vdir, "running", start)
     console.print(describe(spec, params)
                   + (f", resuming from {last_ckpt} (step {start})" if ckpt_path else ""))
@@ -124,7 +133,7 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
         return None
     console.print(outcome(spec, trainer.global_step, final, seconds))
     backends = sorted({b.backend for b in module.model.blocks})
-    write_yaml(vdir / "config.yaml", {**spec.config, "params": params, "backend_used": backends})
+    write_yaml(files.config, {**spec.config, "params": params, "backend_used": backends})
     entry = write_run_report(spec.exp, spec.name, vdir, params, final, seconds,
                              seed=spec.config["seed"])
     write_status(vdir, "finished", trainer.global_step)
@@ -196,12 +205,23 @@ def seeded_data(exp: Experiment, seed: int) -> tuple[DataLoader, DataLoader, tor
     return train_loader, val_loader, val_loader.dataset.tensors[0][:m.probe_size, :m.probe_len]
 
 
+def blocks_text(config: dict) -> str:
+    """`softmax(n_heads=4)`, or a layer pattern's `local, global` with each label's block."""
+    def call(spec: dict) -> str:
+        kwargs = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
+        return f"{spec['name']}({kwargs})"
+    if "layers" not in config:
+        return call(config["block"])
+    seen = dict(zip(config["pattern"], config["layers"], strict=True))
+    labels = ", ".join(config["pattern"])
+    return f"layers [{labels}] with " + "; ".join(f"{k} = {call(v)}" for k, v in seen.items())
+
+
 def describe(spec: RunSpec, params: int) -> str:
     """The line announcing a run: its block and size, or for a fine-tune its adapters."""
-    block, f = spec.config["block"], spec.config.get("finetune")
+    f = spec.config.get("finetune")
     if f is None:
-        kwargs = ", ".join(f"{k}={v}" for k, v in block.items() if k != "name")
-        return f"[bold]{spec.name}[/]: {block['name']}({kwargs}), {params:,} parameters"
+        return f"[bold]{spec.name}[/]: {blocks_text(spec.config)}, {params:,} parameters"
     return (f"[bold]{spec.name}[/]: LoRA r={f['r']} alpha={f['alpha']:g} on {len(f['adapted'])} "
             f"projections ({', '.join(f['targets'])}) of {f['base_variant']} (step "
             f"{f['base_step']}), {f['trainable_params']:,} trainable of {params:,} parameters")
@@ -261,12 +281,13 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
     point of step k sits at k, as the console shows it: train and validation scalars
     (train/harness/checkpoint.py TrainScalars), rank scalars and histograms (RankMonitor)."""
     t, m, vdir = exp.train, exp.monitor, exp_dir / name
-    monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=vdir / "ranks.jsonl",
+    files = VariantFiles(vdir)
+    monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=files.ranks,
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
     # a live progress bar on a terminal; in logs and pipes, one line per validation instead
     progress = ([StepProgressBar(console_kwargs={"stderr": True})] if console.is_terminal
                 else [ValidationLog(console)])
-    saver = StepCheckpoint(vdir / "checkpoints" / "last.ckpt", t.checkpoint_every_n_steps,
+    saver = StepCheckpoint(files.checkpoint, t.checkpoint_every_n_steps,
                            t.val_every_n_steps, batches,
                            on_save=lambda step: write_status(vdir, "running", step))
     return L.Trainer(
@@ -340,7 +361,7 @@ def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
     """report.json from the last rank record and the final metrics; returns the entry,
     with the run's status: finished, and whether it learned against the baseline of its
     task drawn from `seed` (train/rundir/status.py run_status)."""
-    record = last_record(vdir / "ranks.jsonl")
+    record = last_record(VariantFiles(vdir).ranks)
     # the per-count accuracies (val/accuracy/kv<n>) feed the recall-vs-capacity view
     metrics = finite_metrics({k: v for k, v in final.items()
                               if k in ("val/loss", "val/accuracy", "train/loss")
@@ -350,8 +371,9 @@ def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
     status = run_status("finished", record["step"], exp.train.max_steps, metrics,
                         exp.data.spec().baseline(seed))
     entry = {"probe": {k: v for k, v in record.items() if k != "step"},
-             "step": record["step"], "params": params, "metrics": metrics, "status": status}
+             "step": record["step"], "params": params, "metrics": metrics, "status": status,
+             **pattern_of(run_config(vdir))}
     report = budgets.build_report({name: entry}, experiment=exp.name)
     report["variants"][0]["status"] = status  # build_report copies it too, where it does
-    write_text(vdir / "report.json", budgets.to_json(report) + "\n")
+    write_text(VariantFiles(vdir).report, budgets.to_json(report) + "\n")
     return entry

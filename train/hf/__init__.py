@@ -22,7 +22,6 @@ from .model_dir import (
 from .probe import (
     bos_of,
     bos_text,
-    hf_report,
     load_for_probe,
     probe_batch,
     probe_hf,
@@ -30,11 +29,12 @@ from .probe import (
     read_text,
     token_ids,
     with_bos,
+    zoo_blocks,
 )
 
 __all__ = ["ADAPTER_CONFIG", "DEVICES", "DTYPES", "HF_CONFIG", "INSTALL_HINT", "adapter_dir",
            "bos_of", "bos_text", "with_bos",
-           "device_of", "dtype_of", "gguf_quantization", "hf_report", "is_gguf",
+           "device_of", "dtype_of", "gguf_quantization", "is_gguf",
            "import_transformers", "load_adapter",
            "load_for_probe", "load_model", "model_type_of", "offline", "probe_batch", "probe_hf",
-           "probe_notes", "quiet", "read_text", "token_ids"]
+           "probe_notes", "quiet", "read_text", "token_ids", "zoo_blocks"]

@@ -5,11 +5,14 @@
     model = load_adapter(model, "adapters/r8")
 
 Loading reads a save_pretrained directory (the model, its tokenizer if one was saved, a
-PEFT adapter if asked) with local_files_only, so nothing is downloaded, and the eager
-attention path, the only one that returns the softmax probabilities (the matrix-free
-probe switches it for its forward pass). The model is loaded in the dtype asked for;
-transformers and peft are imported lazily. The config files are checked against their
-schemas before anything loads.
+PEFT adapter if asked) with local_files_only, so nothing is downloaded, and with eager
+attention. The probe reads the softmax probabilities P mainly through transformers'
+attention interface: for its forward pass the model attends through a function of
+budgets/hf/capture.py, then switches back. Eager attention is the fallback's source, for
+model types without that interface: their output_attentions, which only the eager path
+returns (budgets/hf/eager.py). The model is loaded in the dtype asked for; transformers
+and peft are imported lazily. The config files are checked against their schemas before
+anything loads.
 
 A GGUF file (llama.cpp's format) loads through transformers' GGUF support, its weights
 dequantized to `dtype` and its tokenizer read from the file; gguf_quantization names the

@@ -1,11 +1,13 @@
 """The rank-budget probe of a Hugging Face model on a text (budgets/hf/probe.py measures).
 
     name, entry = probe_hf("models/tiny-llama", "corpus.txt", seq_len=128, probe_size=4)
-    report = budgets.hf.probe.build_hf_report(name, entry)      # or hf_report(...) for both
+    report = budgets.hf.probe.build_hf_report(name, entry, zoo_blocks=zoo_blocks())
 
 The model comes from train/hf/model_dir.py and is moved to the device; budgets measures
 there. The probe batch is cut from the start of a text file, tokenized by the model's own
-tokenizer when one was saved.
+tokenizer when one was saved. The report names, beside each kind of layer, the zoo block
+that declares the same caps: the blocks say which kinds they mirror (zoo/facts.py), and
+budgets, which does not know zoo, is handed the mapping.
 
 Errors name the parameters (text=..., seq_len=...); the CLI shows them as its flags.
 """
@@ -18,8 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from budgets.hf.probe import ProbeProgress, build_hf_report, probe_hf_model
+import zoo
 from budgets.hf.geometry import Geometry
+from budgets.hf.probe import ProbeProgress, probe_hf_model
 from budgets.probe.blocks import MATFREE_FROM
 
 from .model_dir import (
@@ -179,12 +182,7 @@ def probe_notes(probe: dict, dtype: str, n_layers: int) -> list[str]:
     return notes
 
 
-def hf_report(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: float = 0.1,
-              thresholds=None, adapter=None, notes: list[str] | None = None,
-              **options) -> dict:
-    """The rank-budget report (schema rankzoo.report) of a saved HF causal LM on a text,
-    with a PEFT LoRA adapter applied if `adapter` names one; `options` are probe_hf's
-    keyword-only ones (device, dtype, layers, matfree_from, k_max, progress)."""
-    name, entry = probe_hf(model_dir, text, seq_len, probe_size, eps, adapter=adapter,
-                           notes=notes, **options)
-    return build_hf_report(name, entry, thresholds)
+def zoo_blocks() -> dict[str, str]:
+    """HF layer kind (global, sliding, ssm) -> the zoo block that declares the same caps:
+    each registered block's `facts.mirrors` (the registry keeps a kind to one block)."""
+    return {kind: name for name in zoo.families() for kind in zoo.facts_of(name).mirrors}

@@ -54,6 +54,13 @@ OTHER_MIXERS = {
     "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                  head_dim=None),
 }
+# models whose shape the probe must name rather than measure as usual: zamba's one attention
+# block, tied across its hybrid layers 1 and 3 (each Mamba mixer runs two scans); rwkv,
+# whose time mixing returns no attention probabilities (refused in one line)
+SPECIAL = {
+    "zamba": dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid"] * 2),
+    "rwkv": dict(num_hidden_layers=2),
+}
 # the hybrids and SSMs above: their mixing is an SSD or selective scan (budgets/hf/scans.py)
 SSM_TYPES = ("mamba2", "bamba", "falcon_h1", "mamba")
 ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
@@ -62,7 +69,7 @@ ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
 def tiny_config(model_type: str, **extra):
     """The config of a tiny `model_type` with TINY's overrides and `extra`."""
     transformers = import_transformers()
-    sizes = {**COMMON, **{**TINY, **OTHER_MIXERS}.get(model_type, {}), **extra}
+    sizes = {**COMMON, **{**TINY, **OTHER_MIXERS, **SPECIAL}.get(model_type, {}), **extra}
     sizes = {k: v for k, v in sizes.items() if v is not None}
     config = transformers.AutoConfig.for_model(model_type, **sizes)
     if model_type == "gpt_oss":

@@ -4,6 +4,12 @@ Reading order: Norm, MLP, Layer (pre-norm residual: norm -> block -> add, norm -
 DecoderLM (embedding, n_layers x Layer, final norm, LM head), build_model (a DecoderLM from
 a resolved run config).
 
+Each layer has its own block: one block for every layer (`block`, `block_kwargs`), or a
+layer pattern (`layers`, one (name, kwargs) per layer: Gemma 3's five windowed layers to one
+global, a Mamba-2 stack with a few attention layers). Decoding keeps one cache per layer,
+each of its block's own type (`init_cache`), so a prefill followed by one-token steps
+equals the parallel forward for hybrids too.
+
 Weight init: the MLP and the LM head as in GPT-2/nanoGPT (N(0, 0.02), the MLP's output
 projection scaled by 1/sqrt(2 * n_layers) because each layer adds into the residual stream
 twice); the zoo blocks keep the initialization their own family defines (the LM does not
@@ -58,10 +64,25 @@ class Layer(nn.Module):
         self.norm2 = make_norm(norm, d_model)
         self.mlp = MLP(d_model, d_mlp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, D]
-        x = x + self.mixer(self.norm1(x))  # [B, T, D]
+    def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:  # x: [B, T, D]
+        x = x + self.mixer(self.norm1(x), cache)  # [B, T, D]
         x = x + self.mlp(self.norm2(x))  # [B, T, D]
         return x
+
+
+def layer_specs(n_layers: int, block: str | None, block_kwargs: dict[str, Any] | None,
+                layers: list[tuple[str, dict[str, Any]]] | None) -> list[tuple[str, dict]]:
+    """One (block name, kwargs) per layer: `block` repeated, or `layers` as given."""
+    if (block is None) == (layers is None):
+        raise ValueError(f"DecoderLM takes either block (one block for every layer) or "
+                         f"layers (one per layer), got block={block!r} and layers={layers!r}")
+    if layers is None:
+        return [(block, dict(block_kwargs or {}))] * n_layers
+    require(block_kwargs is None, "block_kwargs goes with block; with layers, each layer "
+                                  "carries its own kwargs")
+    require(len(layers) == n_layers, f"layers holds {len(layers)} block specs for "
+                                     f"n_layers = {n_layers}; give one per layer")
+    return [(name, dict(kwargs)) for name, kwargs in layers]
 
 
 class DecoderLM(nn.Module):
@@ -70,13 +91,14 @@ class DecoderLM(nn.Module):
         vocab_size: int,
         d_model: int,
         n_layers: int,
-        block: str,
+        block: str | None = None,
         block_kwargs: dict[str, Any] | None = None,
         mlp_ratio: float = 4.0,
         d_mlp: int | None = None,
         max_len: int = 2048,
         norm: str = "rmsnorm",
         tie_embeddings: bool = False,
+        layers: list[tuple[str, dict[str, Any]]] | None = None,
     ):
         super().__init__()
         positive_int("DecoderLM", vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
@@ -85,16 +107,17 @@ class DecoderLM(nn.Module):
             positive_number("DecoderLM", mlp_ratio=mlp_ratio)
             d_mlp = max(1, round(mlp_ratio * d_model))
         positive_int("DecoderLM", d_mlp=d_mlp)
-        block_kwargs = dict(block_kwargs or {})
-        require("d_model" not in block_kwargs, "block_kwargs must not set d_model: the LM "
-                f"passes its own d_model ({d_model}) to every block")
+        specs = layer_specs(n_layers, block, block_kwargs, layers)
+        for i, (_, kwargs) in enumerate(specs):
+            require("d_model" not in kwargs, f"layer {i}'s block kwargs must not set d_model: "
+                    f"the LM passes its own d_model ({d_model}) to every block")
         self.vocab_size, self.d_model, self.max_len = vocab_size, d_model, max_len
         self.d_mlp = d_mlp
 
         self.embed = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList(
-            Layer(d_model, d_mlp, zoo.build(block, d_model=d_model, **block_kwargs), norm)
-            for _ in range(n_layers)
+            Layer(d_model, d_mlp, zoo.build(name, d_model=d_model, **kwargs), norm)
+            for name, kwargs in specs
         )
         self.norm = make_norm(norm, d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -126,7 +149,26 @@ class DecoderLM(nn.Module):
         """Trainable parameters, the tied embedding/head counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens: [B, T]
+    def init_cache(self, batch: int, max_len: int | None = None) -> list[Any]:
+        """One empty cache per layer, each of its block's own type, for up to max_len
+        tokens (the LM's max_len by default)."""
+        max_len = self.max_len if max_len is None else max_len
+        return [layer.mixer.init_cache(batch, max_len) for layer in self.layers]
+
+    def forward(self, tokens: torch.Tensor, cache: list[Any] | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] for tokens [B, T]; with a cache (init_cache), the tokens
+        continue the sequences it holds, and it is updated in place."""
+        self._check_tokens(tokens)
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"DecoderLM: the cache holds {len(cache)} layers, the model "
+                             f"has {len(self.layers)}; use model.init_cache(batch)")
+        x = self.embed(tokens)  # [B, T, D]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if cache is None else cache[i])  # [B, T, D]
+        x = self.norm(x)  # [B, T, D]
+        return self.head(x)  # [B, T, vocab]
+
+    def _check_tokens(self, tokens: torch.Tensor) -> None:
         if tokens.dim() != 2:
             raise ValueError(f"DecoderLM: expected tokens of shape [B, T], "
                              f"got {tuple(tokens.shape)}")
@@ -135,22 +177,32 @@ class DecoderLM(nn.Module):
         if tokens.shape[1] > self.max_len:
             raise ValueError(f"DecoderLM: sequence length {tokens.shape[1]} exceeds "
                              f"max_len {self.max_len}")
-        x = self.embed(tokens)  # [B, T, D]
-        for layer in self.layers:
-            x = layer(x)  # [B, T, D]
-        x = self.norm(x)  # [B, T, D]
-        return self.head(x)  # [B, T, vocab]
+
+
+def block_specs(config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """One (block name, kwargs) per layer of a resolved run config: its `block` in every
+    layer, or its `layers` (a layer pattern, train/config/layers.py)."""
+    if "layers" in config:
+        specs = config["layers"]
+    else:
+        specs = [config["block"]] * config["model"]["n_layers"]
+    return [(s["name"], {k: v for k, v in s.items() if k != "name"}) for s in specs]
+
+
+def max_heads(config: dict[str, Any]) -> int:
+    """The most heads any layer of a resolved run config has (1 where a block sets none):
+    what the probe's per-head figures and logs are sized by."""
+    return max(kwargs.get("n_heads", 1) for _, kwargs in block_specs(config))
 
 
 def build_model(config: dict[str, Any]) -> DecoderLM:
     """The DecoderLM of one resolved variant config (Experiment.variant_config)."""
-    data, model, block = config["data"], config["model"], dict(config["block"])
-    name = block.pop("name")
+    data, model = config["data"], config["model"]
     return DecoderLM(
         # a fine-tune (train/experiment/finetune.py) keeps its base model's sizes in the
         # model section
         vocab_size=model.get("vocab_size", data["vocab_size"]), d_model=model["d_model"],
-        n_layers=model["n_layers"], block=name, block_kwargs=block,
+        n_layers=model["n_layers"], layers=block_specs(config),
         mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
         max_len=model.get("max_len", data["seq_len"]), norm=model["norm"],
         tie_embeddings=model["tie_embeddings"],

@@ -110,9 +110,3 @@ def attach_lora(model: nn.Module, targets: list[str], r: int, alpha: float) -> l
         parent = model.get_submodule(parent_name)
         setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha))
     return names
-
-
-def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The adapters' parameters (A and B of every LoRALinear)."""
-    return [p for m in model.modules() if isinstance(m, LoRALinear)
-            for p in (m.lora_A, m.lora_B)]

@@ -4,10 +4,11 @@
 
 Per variant one row: how its run ended, the metric it is judged by, and its budget in one
 line (per part, the realized ranks summed over rows and layers against the declared caps
-summed the same way); then at most three advice items, the ones that change a model
-first (a KV cache item in one line: its bytes, ratio and basis, and the loss compress
-measured; its full text in the details), and the verdicts of a check experiment's run
-(the advice verified or refuted by training). Everything else (every row, head and
+summed the same way); a hybrid's table per kind of layer (its pattern's sub-blocks against
+their caps, as `report --hf` shows a checkpoint's); then at most three advice items, the
+ones that change a model first (a KV cache item in one line: its bytes, ratio and basis,
+and the loss compress measured; its full text in the details), and the verdicts of a check
+experiment's run (the advice verified or refuted by training). Everything else (every row, head and
 finding) is in the details: `--details` in the terminal, always in report.md and JSON.
 """
 
@@ -19,11 +20,12 @@ from rich.console import Group
 from rich.text import Text
 
 from budgets.advice.annotate import solved
-from budgets.advice.kv import KEY_LABEL
-from budgets.report.document import PARTS
 from budgets.advice.verdicts import VerdictThresholds
+from budgets.cache import KEY_LABEL, CostModel
+from budgets.report.document import PARTS
 
 from .advice import advice_text, check_style
+from .kinds import variant_kinds_spec
 from .parts import part_of
 from .table import Column, TableSpec, fmt, to_markdown, to_rich
 
@@ -82,7 +84,7 @@ def _kv_headline(item: dict) -> str:
     where = item["variant"] + (f" layer {item['layer']}" if "layer" in item else "")
     keys = KEY_LABEL.get(key, "keys") if item.get("rope") or key == "k_pre_rope" else "keys"
     basis = (f"one basis shared by every sequence, {opt['basis_bytes']} B once per model"
-             if opt.get("cost_model") == "shared_basis"
+             if opt.get("cost_model") == CostModel.SHARED
              else f"a basis per sequence, {opt['basis_bytes']} B at T = {item.get('seq_len')}")
     text = (f"{where}: a low-rank KV cache, {opt['cache_bytes_per_token']:.0f} B/token for "
             f"{item['full_bytes_per_token']} ({opt['ratio']:.2f}x; {keys} + values, {basis})")
@@ -132,6 +134,8 @@ def _more(report: dict) -> str:
 def render_answer(report: dict, details_hint: str = "") -> Group:
     """The summary table, the top advice, and what the details hold."""
     lines: list = [to_rich(answer_spec(report))]
+    lines += [to_rich(spec) for v in report["variants"]
+              if (spec := variant_kinds_spec(v)) is not None]  # a hybrid's kinds of layer
     for item in top_advice(report):
         lines.append(Text(f"- {headline(item)}", style="yellow"
                           if item["kind"] == "no_advice" else ""))
@@ -146,6 +150,8 @@ def render_answer(report: dict, details_hint: str = "") -> Group:
 
 def answer_markdown(report: dict) -> str:
     lines = [to_markdown(answer_spec(report)).rstrip("\n"), ""]
+    lines += [to_markdown(spec, level=3).rstrip("\n") + "\n" for v in report["variants"]
+              if (spec := variant_kinds_spec(v)) is not None]
     top = top_advice(report)
     if top:
         lines += ["Top advice:", "", *(f"- {headline(a)}" for a in top), ""]

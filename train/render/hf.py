@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from .heads import HEAD_CLASSES, class_counts, head_legend
-from .hf_kinds import kinds_spec
+from .kinds import kinds_spec
 from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
 
 HF_COLUMNS = ("layer", "hidden erank Hc", "mixing erank P", "erank Pc", "past->future erank",
@@ -31,6 +31,19 @@ def probe_source_text(report: dict) -> str:
     bos = f", {src['bos']}" if "bos" in src else ""
     return (f"probe: {src['probe_size']} x {src['seq_len']} tokens of {src['text']} "
             f"({src['tokens']}{bos}); next-token loss {fmt(loss, '.3f')}")
+
+
+def shared_line(report: dict) -> str | None:
+    """'shared weights (one set, measured at each call): layers 2, 7
+    (model.layers.1.shared_transf.self_attn)', or None."""
+    seen: dict[str, list[int]] = {}
+    for layer in report["variants"][0]["layers"]:
+        if layer.get("shared"):
+            seen.setdefault(layer["shared"]["module"], layer["shared"]["mixers"])
+    if not seen:
+        return None
+    groups = "; ".join(f"layers {', '.join(map(str, ls))} ({m})" for m, ls in seen.items())
+    return f"shared weights (one set, measured at each call): {groups}"
 
 
 def unmeasured_line(report: dict) -> str | None:
@@ -106,7 +119,7 @@ def render_hf_table(report: dict) -> RenderableType:
     parts = [to_rich(hf_spec(report), **style)]
     parts += [to_rich(kinds, **style)] if kinds is not None else []
     parts += [Text(missing, style="yellow")] if missing else []
-    parts += [Text(gguf)] if gguf else []
+    parts += [Text(line) for line in (shared_line(report), gguf) if line]
     return parts[0] if len(parts) == 1 else Group(*parts)
 
 
@@ -119,6 +132,7 @@ def hf_markdown(report: dict) -> str:
              *([f"- device {src['device']}, dtype {src['dtype']}"]
                if "device" in src and "dtype" in src else []),
              *([f"- {unmeasured_line(report)}"] if unmeasured_line(report) else []),
+             *([f"- {shared_line(report)}"] if shared_line(report) else []),
              *([f"- {gguf_line(report)}"] if gguf_line(report) else []),
              "", to_markdown(hf_spec(report))]
     kinds = kinds_spec(report)

@@ -15,8 +15,8 @@ from dataclasses import asdict
 
 from rich.table import Table
 
-from budgets.report.document import PART_OF_AXIS, PARTS
 from budgets.advice.verdicts import VerdictThresholds
+from budgets.report.document import PART_OF_AXIS, PARTS
 
 from .table import Column, TableSpec, fmt, to_markdown, to_rich
 

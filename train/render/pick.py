@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..sizing.families import FAMILIES
+from ..sizing.families import sizing_table
 from ..sizing.units import format_bytes, format_count
 from .table import BOXED, Column, TableSpec, columns, fmt, to_rich
 
@@ -149,7 +149,7 @@ def infeasible_table(rows: list[dict[str, Any]]) -> Table:
 
 def legend_table(families: Sequence[str]) -> Table:
     """What each family's knob symbols mean, for the families given."""
+    table = sizing_table()
     spec = TableSpec(columns=columns("family", "meaning"), title="knobs",
-                     rows=[(name, FAMILIES[name].legend) for name in families
-                           if name in FAMILIES])
+                     rows=[(name, table[name].legend) for name in families if name in table])
     return to_rich(spec, **BOXED)

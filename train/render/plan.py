@@ -21,8 +21,9 @@ def plan_table(doc: dict[str, Any]) -> Table:
     shown when match.state sized them."""
     state = doc["match"].get("state", False)
     table = Table(title=plan_title(doc),
-                  caption="budget: declared rank caps per layer; cache (elements per sequence at "
-                          "seq_len) and FLOPs/token of the blocks, all layers"
+                  caption="budget: declared rank caps per layer (a layer pattern: the largest "
+                          "among its layers, each layer's in --format json); cache (elements per "
+                          "sequence at seq_len) and FLOPs/token of the blocks, all layers"
                           + ("; state: the knob that sizes the cache, (was X): the config's "
                              "value, overridden by match.state; Δcache: vs the first variant"
                              if state else ""))
@@ -33,7 +34,8 @@ def plan_table(doc: dict[str, Any]) -> Table:
                          else "right", no_wrap=col == "state")
     for r in doc["variants"]:
         b = r["budget_per_layer"]
-        table.add_row(r["variant"], r["block"], f"{r['params']:,}", f"{r['rel_diff']:+.1%}",
+        block = f"{r['block']}: {r['pattern']}" if "pattern" in r else r["block"]
+        table.add_row(r["variant"], block, f"{r['params']:,}", f"{r['rel_diff']:+.1%}",
                       str(r["d_mlp"]), *((state_cell(r["state"]),) if state else ()),
                       *(str(b[k]) for k in BUDGET_KEYS), f"{r['cache_elements']:,}",
                       *((f"{r['cache_rel_diff']:+.1%}",) if state else ()),

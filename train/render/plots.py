@@ -1,6 +1,7 @@
 """`rankzoo report RUN_DIR --plot DIR`: PNG figures of a finished run, read at a glance.
 
-    written, notes = write_plots(run_dir, report, out_dir)
+    histories = rank_histories(run_dir)  # the caller reads the run (train/rundir/read.py)
+    written, notes = write_plots(histories, report, out_dir, run_dir)
 
 - spectrum_<variant>.png: each layer's singular-value spectrum s_k / s_1 (log y), one line
   per probed quantity, from the last ranks.jsonl record (only if it holds spectra); one
@@ -16,7 +17,8 @@
 Every figure is bounded: at most MAX_PIXELS (width, height) at DPI, whatever the number of
 layers, heads or variants, with panels shrunk to fit. Figures are drawn on matplotlib's
 Figure directly (Agg canvas, no pyplot state, no display needed) and written only into
-out_dir, which must be new or empty: nothing is overwritten.
+out_dir, which must be new or empty: nothing is overwritten. Nothing here reads a run
+directory: the records come in from the caller.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
 from ..rundir.files import atomic_path
-from ..rundir.read import is_variant_dir, rank_records, variant_dirs
 from .heads import HEAD_CLASSES
 from .recall import recall_figure, recall_view
 
@@ -55,14 +56,6 @@ def prepare_dir(out_dir: Path) -> Path:
                               "directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir
-
-
-def run_histories(run_dir: Path) -> dict[str, list[dict]]:
-    """variant name -> its ranks.jsonl records (variants without one are left out)."""
-    run_dir = Path(run_dir)
-    vdirs = [run_dir] if is_variant_dir(run_dir) else variant_dirs(run_dir)
-    return {v.name: rank_records(v / "ranks.jsonl") for v in vdirs
-            if (v / "ranks.jsonl").is_file()}
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
@@ -360,10 +353,12 @@ def _axis_label(axis: str) -> str:
 
 # ---------------------------------------------------------------- writing
 
-def write_plots(run_dir, report: dict, out_dir) -> tuple[list[Path], list[str]]:
-    """Write the figures of a run into out_dir; returns (files written, notes on skips)."""
+def write_plots(histories: dict[str, list[dict]], report: dict, out_dir,
+                run_dir) -> tuple[list[Path], list[str]]:
+    """Write the figures of a run into out_dir; returns (files written, notes on skips).
+    `histories`: each variant's rank records (train/rundir/read.py rank_histories), read
+    by the caller before anything is written; `run_dir` names the run in the notes."""
     out_dir = prepare_dir(out_dir)
-    histories = run_histories(Path(run_dir))  # read everything before writing anything
     written, notes = [], []
     for variant, records in histories.items():
         fig = spectrum_figure(variant, records[-1])

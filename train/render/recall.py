@@ -10,7 +10,8 @@ the second half of a sequence reads from the first half, and its rank_eps is the
 directions it carries. Per variant the view puts side by side:
 
   carried   the past->future rank realized on the probe (largest sample and head, then
-            the largest layer), beside its declared cap
+            the largest layer), beside its declared cap; a layer pattern carries what its
+            widest layer carries (a local/global hybrid: its global layers)
   cache     bytes a sequence's cache or state holds at the probe's length, all layers, at
             bf16 (the report's declared cache elements x 2)
   accuracy  validation accuracy per number of key-value pairs (val/accuracy/kv<n>)
@@ -55,7 +56,9 @@ def _row(variant: dict) -> dict | None:
     cache = (variant.get("budget") or {}).get("model", {}).get("cache_elements")
     status = variant.get("status") or {}
     layers = variant["layers"]  # none in a report.json cut down by hand
-    return {"variant": variant["variant"], "block": layers[0]["block"] if layers else "-",
+    # a layer pattern names its blocks in order of first appearance: "sliding_window+softmax"
+    blocks = "+".join(dict.fromkeys(ly["block"] for ly in layers)) or "-"
+    return {"variant": variant["variant"], "block": blocks,
             "carried": carried, "cap": cap,
             "cache_bytes": None if cache is None else cache * CACHE_BYTES,
             "accuracy": dict(sorted(acc.items())), "learned": status.get("learned")}

@@ -30,6 +30,7 @@ import yaml
 from budgets.schema import ANY, Int, MapOf, Maybe, Number, Record, check, read_text
 
 from ..config.yaml_parse import parse_yaml
+from .layout import CONFIG_FILE, EXPERIMENT_FILE
 
 # What the readers of a run directory take from its YAML files (train/rundir/read.py,
 # train/experiment/stages.py, train/experiment/finetune.py, train/experiment/sweep.py);
@@ -45,8 +46,8 @@ VARIANT_YAML = Record({}, {"experiment": str, "variant": str, "params": Int(0),
                            "finetune": FINETUNE_RECORD,
                            **dict.fromkeys(("data", "model", "block", "train", "monitor",
                                             "match"), SECTION)})
-# by file name: the run directory's files have fixed names (train/rundir/read.py)
-RUN_YAML = {"experiment.yaml": EXPERIMENT_YAML, "config.yaml": VARIANT_YAML}
+# by file name: the run directory's files have fixed names (train/rundir/layout.py)
+RUN_YAML = {EXPERIMENT_FILE: EXPERIMENT_YAML, CONFIG_FILE: VARIANT_YAML}
 MAPPING = Maybe(dict)
 
 

@@ -1,4 +1,5 @@
-"""Reading finished runs back: report.json files, ranks.jsonl, the runs' statuses.
+"""Reading finished runs back: report.json files, ranks.jsonl, the runs' statuses, the
+checkpoint (`load_checkpoint`, the one reader of checkpoints/last.ckpt).
 
 Nothing here imports Lightning and nothing here writes: `rankzoo report` uses it to read
 a run directory without touching it. The variant summary and report.md are drawn by
@@ -10,8 +11,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import budgets
 from budgets.report.document import RANK_RECORD
@@ -19,12 +23,9 @@ from budgets.schema import check, read_text, same_lengths
 
 from ..config.sections import DataConfig, parse_section
 from .files import read_yaml
+from .layout import EXPERIMENT_FILE, RESULT_FILES, VariantFiles
 from .lock import in_progress_note
 from .status import describe_status, read_status, run_status, status_notes
-
-EXPERIMENT_FILE = "experiment.yaml"  # the resolved experiment, at runs/<experiment>/
-VARIANT_FILES = ("report.json", "ranks.jsonl", "config.yaml")
-DIVERGED_FILE = "diverged.txt"  # a sweep run whose loss went NaN (status.json says so too)
 
 
 def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -60,6 +61,15 @@ def rank_records(path: Path) -> list[dict]:
     return records
 
 
+def rank_histories(run_dir: Path) -> dict[str, list[dict]]:
+    """Variant name -> its ranks.jsonl records, for an experiment directory or one variant
+    directory (variants without a ranks.jsonl are left out)."""
+    run_dir = Path(run_dir)
+    vdirs = [run_dir] if is_variant_dir(run_dir) else variant_dirs(run_dir)
+    return {v.name: rank_records(VariantFiles(v).ranks) for v in vdirs
+            if VariantFiles(v).ranks.is_file()}
+
+
 def check_head_lists(doc: dict, source: str) -> None:
     """Each layer's per-head figures (`heads`), one entry per head: they are read side by
     side, and a short list would end the report in a zip() error naming nothing."""
@@ -79,23 +89,30 @@ def last_record(path: Path) -> dict:
 def finished_entry(vdir: Path, max_steps: int) -> dict | None:
     """The report entry of a run that already reached max_steps (report.json and
     ranks.jsonl written), else None: a resume returns it rather than refit and rewrite."""
-    if not (vdir / "report.json").is_file() or not (vdir / "ranks.jsonl").is_file():
+    files = VariantFiles(vdir)
+    if not files.report.is_file() or not files.ranks.is_file():
         return None
-    reported = budgets.load_report(vdir / "report.json")["variants"][0]
+    reported = budgets.load_report(files.report)["variants"][0]
     if reported["step"] < max_steps:
         return None
     config = run_config(vdir)
-    record = last_record(vdir / "ranks.jsonl")
+    record = last_record(files.ranks)
     status = reported.get("status") or run_status(
         "finished", reported["step"], max_steps, reported["metrics"], config_baseline(config))
     return {"probe": {k: v for k, v in record.items() if k != "step"}, "step": reported["step"],
             "params": config.get("params", reported["params"]), "metrics": reported["metrics"],
-            "status": status}
+            "status": status, **pattern_of(config)}
+
+
+def pattern_of(config: dict[str, Any]) -> dict[str, list[str]]:
+    """{"pattern": each layer's label} for a layer-pattern run's config, else {}: what
+    build_report groups a hybrid's layers by."""
+    return {"pattern": list(config["pattern"])} if config.get("pattern") else {}
 
 
 def run_config(vdir: Path) -> dict[str, Any]:
     """A run's config.yaml (empty when there is none)."""
-    path = vdir / "config.yaml"
+    path = VariantFiles(vdir).config
     return (read_yaml(path) or {}) if path.is_file() else {}
 
 
@@ -130,8 +147,8 @@ def disk_state(vdir: Path, step: int, max_steps: int | None) -> tuple[str, int, 
         if record["state"] in ("finished", "stopped", "diverged"):
             return record["state"], record["step"], record.get("reason")
         return "stopped", max(record["step"], step), describe_status(record)
-    if (vdir / DIVERGED_FILE).is_file():
-        text = (vdir / DIVERGED_FILE).read_text(errors="replace").strip()
+    if VariantFiles(vdir).diverged.is_file():
+        text = VariantFiles(vdir).diverged.read_text(errors="replace").strip()
         at = re.search(r"at step (\d+)", text)
         return "diverged", int(at[1]) if at else step, text.splitlines()[0][:300] if text else None
     if max_steps is None:
@@ -182,23 +199,25 @@ def merge_reports(reports: list[dict], experiment: str = "") -> dict:
 
 
 def is_variant_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in VARIANT_FILES)
+    return any((path / name).is_file() for name in RESULT_FILES)
 
 
 def variant_report(vdir: Path) -> dict:
     """A variant's report: its report.json, else rebuilt from ranks.jsonl's last line; its
     variant carries the run's status (variant_status)."""
-    if (vdir / "report.json").is_file():
-        report = budgets.load_report(vdir / "report.json")
-        check_head_lists(report, str(vdir / "report.json"))
+    files = VariantFiles(vdir)
+    if files.report.is_file():
+        report = budgets.load_report(files.report)
+        check_head_lists(report, str(files.report))
         return with_status(vdir, report)
-    ranks = vdir / "ranks.jsonl"
+    ranks = files.ranks
     if not ranks.is_file():
         raise FileNotFoundError(f"no results in {vdir}: neither report.json nor ranks.jsonl")
     record = last_record(ranks)
     config = run_config(vdir)
     probe = {k: v for k, v in record.items() if k != "step"}
-    entry = {"probe": probe, "step": record["step"], "params": config.get("params", 0)}
+    entry = {"probe": probe, "step": record["step"], "params": config.get("params", 0),
+             **pattern_of(config)}
     status = variant_status(vdir, {"step": record["step"]})
     if status is not None:
         entry["status"] = status
@@ -221,7 +240,7 @@ def variant_dirs(exp_dir: Path) -> list[Path]:
 
 
 def has_results(vdir: Path) -> bool:
-    return (vdir / "report.json").is_file() or (vdir / "ranks.jsonl").is_file()
+    return VariantFiles(vdir).report.is_file() or VariantFiles(vdir).ranks.is_file()
 
 
 def load_run(run_dir: str | Path, thresholds: budgets.VerdictThresholds | None = None,
@@ -268,7 +287,7 @@ def diverged(vdir: Path) -> bool:
         record = read_status(vdir)
     except ValueError:
         record = None
-    return (vdir / DIVERGED_FILE).is_file() or (record or {}).get("state") == "diverged"
+    return VariantFiles(vdir).diverged.is_file() or (record or {}).get("state") == "diverged"
 
 
 def _diverged_report(vdir: Path, notes: list[str] | None) -> dict | None:
@@ -294,12 +313,48 @@ def _left_out(vdir: Path) -> str:
 
 def _why_none(run_dir: Path) -> str:
     """'; 4 runs diverged (e.g. .../diverged.txt)' when that is why there are no results."""
-    diverged = sorted(p / DIVERGED_FILE for p in run_dir.iterdir()
-                      if (p / DIVERGED_FILE).is_file())
+    diverged = sorted(VariantFiles(p).diverged for p in run_dir.iterdir()
+                      if VariantFiles(p).diverged.is_file())
     if not diverged:
         return ""
     runs = "1 run" if len(diverged) == 1 else f"{len(diverged)} runs"
     return f"; {runs} diverged (e.g. {diverged[0]})"
+
+
+# ---------------------------------------------------------------- the checkpoint
+
+MODEL_PREFIX = "model."  # the LightningModule (train/harness/module.py) holds the LM as .model
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What rankzoo reads back from a run's checkpoint (a resume hands the file itself to
+    Lightning, which restores the rest)."""
+
+    path: Path
+    state_dict: dict[str, Any]  # the LightningModule's: the model's weights under "model."
+    step: int | None  # the global step it was saved at; None when it records none
+    config: dict[str, Any] | None  # the resolved variant config (hyper_parameters)
+
+    @property
+    def model_state(self) -> dict[str, Any]:
+        """The model's own weights, the "model." prefix taken off."""
+        return {k.removeprefix(MODEL_PREFIX): v for k, v in self.state_dict.items()}
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """A run's checkpoint (checkpoints/last.ckpt, or one laid out like it), on the CPU
+    and memory-mapped: the weights stay on disk until they are used. Tensors and plain
+    values only (weights_only). A file that is not a checkpoint is a ValueError naming it."""
+    path = Path(path)
+    try:
+        raw = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        step = raw.get("global_step")
+        return Checkpoint(path, raw["state_dict"], None if step is None else int(step),
+                          (raw.get("hyper_parameters") or {}).get("config"))
+    except Exception as e:  # torch raises several types for a bad file
+        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]})") from None
 
 
 def check_shapes(model: Any, state: dict[str, Any], source: Path,

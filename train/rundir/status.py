@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_text
+from .layout import VariantFiles
 
-STATUS_FILE = "status.json"
 STATES = ("running", "finished", "stopped", "diverged")
 INTERRUPTED = "interrupted"  # read_status's name for a `running` that no process holds
 
@@ -36,7 +36,7 @@ def write_status(run_dir: Path, state: str, step: int, **extra: Any) -> Path:
     """Record `state` at `step` (and anything in `extra`) atomically; returns the path."""
     if state not in STATES:
         raise ValueError(f"status: state must be one of {list(STATES)}, got {state!r}")
-    path = Path(run_dir) / STATUS_FILE
+    path = VariantFiles(run_dir).status
     record = {"state": state, "step": int(step), "pid": os.getpid(),
               "host": socket.gethostname(), "process_start": process_start(os.getpid()),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
@@ -46,7 +46,7 @@ def write_status(run_dir: Path, state: str, step: int, **extra: Any) -> Path:
 def read_status(run_dir: Path) -> dict[str, Any] | None:
     """The recorded status (None when there is none); `running` becomes `interrupted`
     when the process that wrote it is gone. A malformed file is a ValueError naming it."""
-    path = Path(run_dir) / STATUS_FILE
+    path = VariantFiles(run_dir).status
     if not path.is_file():
         return None
     try:

@@ -10,7 +10,7 @@ budgets without allocating or initializing weights, so matching stays instant at
 size.
 
 Matching order (both relative to the first variant, the reference):
-  1. state (match.state): each variant's state knob (STATE_KNOBS) is set to the value whose
+  1. state (match.state): each variant's state knob (state_knob) is set to the value whose
      cached elements per sequence at seq_len come nearest the reference's. The matched
      value overrides one written in the variant: with match.state on, equal cache is the
      comparison asked for, and a pinned knob would silently break it. The dry-run table
@@ -26,18 +26,20 @@ from typing import Any, TypeVar
 import torch
 
 import zoo
+from zoo.facts import Values
 
 from ..lm.decoder import DecoderLM
-from .families import FAMILIES, Values
 
 
-def count_params(vocab_size: int, d_model: int, n_layers: int, block: str,
-                 block_kwargs: dict[str, Any], d_mlp: int, seq_len: int, norm: str,
-                 tie_embeddings: bool) -> int:
-    """The parameters of a DecoderLM of these sizes, embeddings included (meta device)."""
+def count_params(vocab_size: int, d_model: int, n_layers: int, block: str | None,
+                 block_kwargs: dict[str, Any] | None, d_mlp: int, seq_len: int, norm: str,
+                 tie_embeddings: bool, layers: list[tuple[str, dict]] | None = None) -> int:
+    """The parameters of a DecoderLM of these sizes, embeddings included (meta device):
+    one block in every layer, or `layers`, one (block, kwargs) per layer (a hybrid)."""
     with torch.device("meta"):
         model = DecoderLM(vocab_size, d_model, n_layers, block, block_kwargs, d_mlp=d_mlp,
-                          max_len=seq_len, norm=norm, tie_embeddings=tie_embeddings)
+                          max_len=seq_len, norm=norm, tie_embeddings=tie_embeddings,
+                          layers=layers)
     return model.param_count()
 
 
@@ -92,9 +94,19 @@ def below_floor(target: int, base: int, tolerance: float, variant: str, d_mlp: i
             f"matching would give it d_mlp={d_mlp}; nearest feasible setting: {fix}")
 
 
-def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]],
+def _spec_args(spec: tuple[str, dict] | list[tuple[str, dict]]) -> dict[str, Any]:
+    """count_params' block arguments of a variant: (block, kwargs), or a list of one
+    (block, kwargs) per layer for a hybrid."""
+    if isinstance(spec, list):
+        return {"block": None, "block_kwargs": None, "layers": spec}
+    return {"block": spec[0], "block_kwargs": spec[1]}
+
+
+def matched_widths(exp_raw: dict[str, Any],
+                   variants: dict[str, tuple[str, dict] | list[tuple[str, dict]]],
                    tolerance: float) -> dict[str, int]:
-    """d_mlp per variant so that every total is within `tolerance` of the first variant's.
+    """d_mlp per variant so that every total is within `tolerance` of the first variant's;
+    a variant is (block, kwargs), or for a hybrid one (block, kwargs) per layer.
 
     `exp_raw` holds vocab_size, d_model, n_layers, mlp_ratio, d_mlp, seq_len, norm,
     tie_embeddings; the first variant (the reference) keeps the configured width.
@@ -105,8 +117,9 @@ def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]
     per_unit = 2 * e["d_model"] * e["n_layers"]  # up and down projection, every layer
     ref_width = default_d_mlp(e["d_model"], e["mlp_ratio"], e["d_mlp"])
     widths, target = {}, None
-    for name, (block, kwargs) in variants.items():
-        base = count_params(block=block, block_kwargs=kwargs, d_mlp=1, **common) - per_unit
+    for name, spec in variants.items():
+        blocks = _spec_args(spec)
+        base = count_params(**blocks, d_mlp=1, **common) - per_unit
         if target is None:
             target, widths[name] = base + per_unit * ref_width, ref_width
             continue
@@ -115,12 +128,12 @@ def matched_widths(exp_raw: dict[str, Any], variants: dict[str, tuple[str, dict]
     return widths
 
 
-# Per block: the config knob that sizes its cached state, and the values to try, ascending
-# (the family table's, train/sizing/families.py). Cache size never decreases along the
-# list, which is what lets nearest_state() stop early. Values the block's config rejects
-# (e.g. an odd MoE head_dim under RoPE, kv_lora_rank > d_model) are skipped.
-STATE_KNOBS: dict[str, tuple[str, Values]] = {
-    block: family.state_knob for block, family in FAMILIES.items()}
+def state_knob(block: str) -> tuple[str, Values]:
+    """The config knob that sizes `block`'s cached state, and the values to try, ascending
+    (the block's own sizing, zoo/facts.py). Cache size never decreases along them, which
+    is what lets nearest_state() stop early. Values the block's config rejects (e.g. an
+    odd MoE head_dim under RoPE, kv_lora_rank > d_model) are skipped."""
+    return zoo.facts_of(block).sizing.state_knob
 
 
 def cache_elements(block: str, kwargs: dict[str, Any], d_model: int, seq_len: int) -> int:
@@ -134,10 +147,7 @@ def nearest_state(variant: str, block: str, kwargs: dict[str, Any], target: int,
                   tolerance: float) -> tuple[int, int]:
     """(knob value, cache elements per sequence, all layers) nearest `target`; raises naming
     the nearest achievable count when it is not within `tolerance` of the target."""
-    if block not in STATE_KNOBS:
-        raise ValueError(f"match.state: variant {variant!r} ({block}) cannot be state-matched: "
-                         f"no state knob is known for it (known: {sorted(STATE_KNOBS)})")
-    knob, candidates = STATE_KNOBS[block]
+    knob, candidates = state_knob(block)
     values = candidates(kwargs, d_model, seq_len)  # a range or a list: indexable
 
     def cache_at(i: int) -> int:
@@ -204,7 +214,7 @@ def matched_states(variants: dict[str, tuple[str, dict]], d_model: int, n_layers
     for name, (block, kwargs) in rest:
         value, _ = nearest_state(name, block, kwargs, target, d_model, n_layers, seq_len,
                                  tolerance)
-        out[name] = {STATE_KNOBS[block][0]: value}
+        out[name] = {state_knob(block)[0]: value}
     return out
 
 

@@ -4,20 +4,20 @@
     parse_bytes("256KiB") -> 262144;   format_bytes(262144) -> "256 KiB"
     parse_count("1.5B", "--params-budget") -> 1500000000;  format_count(3.02e8) -> "302M"
 
-Byte sizes per dtype come from budgets' table (budgets/advice/verdicts.py), the one source the
-report's advice uses too. A bad value is a ValueError naming the flag and the value.
+Byte sizes per dtype come from budgets' table (budgets/cache.py), the one source the
+report's advice and compress use too. A bad value is a ValueError naming the flag and the value.
 """
 
 from __future__ import annotations
 
 import re
 
-from budgets.advice.verdicts import DTYPE_BYTES as VERDICT_DTYPE_BYTES
+from budgets import cache
 
 # the short names people write -> the names of budgets' byte table (the one source of sizes)
 DTYPE_LONG = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8",
               "int8": "int8"}
-DTYPE_BYTES = {short: VERDICT_DTYPE_BYTES[long] for short, long in DTYPE_LONG.items()}
+DTYPE_BYTES = {short: cache.DTYPE_BYTES[long] for short, long in DTYPE_LONG.items()}
 DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
                  "half": "fp16", "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 

@@ -81,10 +81,10 @@ TIMEOUT = 600
 def drive(point: str, signame: str, argv: list[str]) -> int:
     """Run `rankzoo argv` with `signame` sent to this process at `point`, once. Only
     global rank zero signals itself: under DDP the other rank runs the same patches."""
+    from train.experiment import stages
     from train.harness import checkpoint, module
     from train.harness.fit import is_global_zero
     from train.rundir import files
-    from train.experiment import stages
 
     # a process started in the background inherits SIGINT ignored; ^C must reach this one
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -28,10 +28,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
 from train.config import Experiment, load_experiment
-from train.render.table import TableSpec, columns, to_rich
 from train.harness.callbacks import DEFAULT_HISTOGRAMS, RankMonitor
 from train.harness.fit import quiet_lightning, seeded_data
 from train.harness.module import LMModule
+from train.render.table import TableSpec, columns, to_rich
 
 TARGET_PERCENT = 5.0  # the monitor's budget at its default interval
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from budgets.hf.capture import capture
+from budgets.hf.probe import build_hf_report
 from budgets.hf.scans import capture_scans, rebuild
-
 from train.hf.model_dir import import_transformers, quiet
-from train.hf.probe import hf_report
+from train.hf.probe import probe_hf, zoo_blocks
 from train.hf.tiny import TINY, VOCAB, tiny_model
 
 B, T = 2, 64
@@ -54,7 +54,8 @@ def row(model_type: str, root: Path, text: Path) -> str:
     with quiet(import_transformers()):
         model.save_pretrained(root / model_type)
     start = time.perf_counter()
-    report = hf_report(root / model_type, text, seq_len=T, probe_size=B, device="cpu")
+    name, entry = probe_hf(root / model_type, text, seq_len=T, probe_size=B, device="cpu")
+    report = build_hf_report(name, entry, zoo_blocks=zoo_blocks())
     seconds = time.perf_counter() - start
     layers = report["variants"][0]["layers"]
     figures = sorted({a["quantity"] for ly in layers for a in ly["axes"]})

@@ -5,9 +5,8 @@ import json
 import pytest
 import yaml
 
-from train.cli import main
-
 from tests.train.conftest import MQA, tiny_experiment
+from train.cli import main
 
 TINY = tiny_experiment(
     data={"train_size": 64, "val_size": 16}, model={"n_layers": 2}, variants={"mqa": MQA},

@@ -38,10 +38,9 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 import zoo
-from train.cli import COMMANDS, main
-
 from tests.train.conftest import tiny_experiment
 from tests.train.conftest import write_run as write_run_dir
+from train.cli import COMMANDS, main
 
 FAST = settings(max_examples=50, deadline=None, database=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))

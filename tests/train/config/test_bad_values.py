@@ -7,13 +7,12 @@ import math
 import pytest
 import yaml
 
+from tests.train.cli.test_fuzz import run_cli
+from tests.train.conftest import tiny_experiment
 from train.cli import main
 from train.config import load_experiment, parse_experiment
 from train.config.yaml_parse import parse_yaml
 from train.data.markov import MarkovSpec, markov_transitions, stationary_distribution
-
-from tests.train.cli.test_fuzz import run_cli
-from tests.train.conftest import tiny_experiment
 
 
 @pytest.mark.parametrize("override,named", [

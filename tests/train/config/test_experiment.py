@@ -2,9 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from train.config import apply_override, load_experiment
-
 from tests.train.conftest import MQA, tiny_experiment
+from train.config import apply_override, load_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = tiny_experiment(  # the sizes, train and monitor sections left at their defaults

@@ -19,12 +19,11 @@ import torch
 from rich.console import Console
 
 from budgets.rank.metrics import rank_metrics
+from tests.train.conftest import tiny_experiment
 from train.config import parse_experiment
 from train.data import make_splits
 from train.experiment.stages import train_experiment
 from train.harness.module import LMModule
-
-from tests.train.conftest import tiny_experiment
 
 STEPS = 200
 MARGIN = 1.5  # erank(r=32) - erank(r=4) was >= 3.2 on seeds 0-2; half of that, to spare

@@ -6,11 +6,10 @@ import lightning as L
 import pytest
 import torch
 
+from tests.train.conftest import tiny_experiment
 from train.config import load_experiment, parse_experiment
 from train.data import IGNORE, MQARSpec, make_mqar, make_mqar_val, make_splits
 from train.harness.module import LMModule
-
-from tests.train.conftest import tiny_experiment
 
 RAW = tiny_experiment(  # the train and monitor sections left at their defaults
     name="t", seed=1, train=None, monitor=None,

@@ -5,6 +5,7 @@
 import pytest
 
 import train.experiment.disk as disk
+from tests.train.conftest import merged, tiny_experiment
 from train.cli import main
 from train.config import parse_experiment
 from train.experiment.disk import checkpoint_bytes, disk_need, disk_preflight
@@ -16,8 +17,6 @@ from train.experiment.preflight import (
     static_estimate,
 )
 from train.lm.decoder import build_model
-
-from tests.train.conftest import merged, tiny_experiment
 
 FINETUNE = {"ranks": [1, 2], "targets": ["q_proj", "v_proj"],
             "data": {**tiny_experiment()["data"], "permute_seed": 1},

@@ -3,8 +3,9 @@
 Fast: a full disk while a checkpoint is written (the write primitive made to fail, as a
 full filesystem fails it) is one line and exit 2, keeps the last good checkpoint, and a
 resume once space is back ends as the uninterrupted run; so does an interrupt while a
-report is written. Slow (-m slow): the whole fault table of benches/train/experiment/bench_faults.py,
-every kill point under SIGKILL and SIGINT, and DDP on 2 CPU processes."""
+report is written. Slow (-m slow): the whole fault table of
+benches/train/experiment/bench_faults.py, every kill point under SIGKILL and SIGINT, and
+DDP on 2 CPU processes."""
 
 import errno
 import json
@@ -15,7 +16,6 @@ import pytest
 import torch
 
 import train.rundir.files as files
-from train.cli import main
 from benches.train.experiment.bench_faults import (
     POINTS,
     SIGNALS,
@@ -25,6 +25,7 @@ from benches.train.experiment.bench_faults import (
     fault_table,
     table,
 )
+from train.cli import main
 from train.render.table import to_markdown
 from train.rundir.status import read_status
 

@@ -12,14 +12,13 @@ from torch import nn
 
 import budgets
 import zoo
+from tests.train.conftest import tiny_experiment
 from train.config import parse_experiment
 from train.experiment.finetune import finetune_variant, lora_name
 from train.experiment.stages import train_experiment
 from train.harness.module import build_model
 from train.harness.optim import build_optimizer
-from train.lm.lora import LoRALinear, attach_lora, lora_parameters
-
-from tests.train.conftest import tiny_experiment
+from train.lm.lora import LoRALinear, attach_lora
 
 DATA = {**tiny_experiment()["data"], "train_size": 64, "val_size": 16, "batch_size": 16}
 BASE = tiny_experiment(
@@ -56,12 +55,18 @@ def test_lora_linear_is_base_plus_scaled_low_rank_update():
     assert row["declared"] == 3 and row["metrics"]["numerical_rank"] <= 3
 
 
+def adapter_parameters(model: nn.Module, names: list[str]) -> list[nn.Parameter]:
+    """A and B of each module attach_lora adapted, by the names it returned."""
+    return [p for n in names for p in (model.get_submodule(n).lora_A,
+                                       model.get_submodule(n).lora_B)]
+
+
 def test_attach_lora_freezes_everything_but_adapters_and_names_unmatched_targets():
     model = build_model(parse_experiment(BASE).variant_config("mha"))
     names = attach_lora(model, ["q_proj", "mixer.v_proj"], r=2, alpha=2.0)
     assert names == ["layers.0.mixer.q_proj", "layers.0.mixer.v_proj"]
     trainable = [p for p in model.parameters() if p.requires_grad]
-    assert {id(p) for p in trainable} == {id(p) for p in lora_parameters(model)}
+    assert {id(p) for p in trainable} == {id(p) for p in adapter_parameters(model, names)}
     with pytest.raises(ValueError, match=r"\['in_proj'\].*Linear names: .*'q_proj'"):
         attach_lora(build_model(parse_experiment(BASE).variant_config("mha")),
                     ["q_proj", "in_proj"], r=2, alpha=2.0)
@@ -70,11 +75,11 @@ def test_attach_lora_freezes_everything_but_adapters_and_names_unmatched_targets
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_optimizer_gets_only_the_adapters(optimizer):
     model = build_model(parse_experiment(BASE).variant_config("mha"))
-    attach_lora(model, ["q_proj", "v_proj", "o_proj"], r=2, alpha=2.0)
+    names = attach_lora(model, ["q_proj", "v_proj", "o_proj"], r=2, alpha=2.0)
     opt = build_optimizer(model, {"optimizer": optimizer, "lr": 1e-3, "weight_decay": 0.0,
                                   "beta1": 0.9, "beta2": 0.98})
     got = {id(p) for g in opt.param_groups for p in g["params"]}
-    assert got == {id(p) for p in lora_parameters(model)}
+    assert got == {id(p) for p in adapter_parameters(model, names)}
 
 
 BLOCKS = [("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}),
@@ -90,9 +95,9 @@ def test_adapted_block_applies_the_adapter_on_every_path(name, kwargs):
     block = zoo.build(name, d_model=32, n_heads=2, **kwargs).double()
     ref, plain = copy.deepcopy(block), copy.deepcopy(block)
     linears = [n for n, m in block.named_modules() if isinstance(m, nn.Linear)]
-    attach_lora(block, linears, r=2, alpha=4.0)
+    names = attach_lora(block, linears, r=2, alpha=4.0)
     with torch.no_grad():
-        for p in lora_parameters(block):
+        for p in adapter_parameters(block, names):
             p.normal_()
         for n in linears:
             ref.get_submodule(n).weight.copy_(block.get_submodule(n).weight)
@@ -103,7 +108,8 @@ def test_adapted_block_applies_the_adapter_on_every_path(name, kwargs):
     block(x[:, :7], cache=cache), ref(x[:, :7], cache=ref_cache)
     torch.testing.assert_close(block(x[:, 7:], cache=cache), ref(x[:, 7:], cache=ref_cache))
     block(x).sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_parameters(block))
+    assert all(p.grad is not None and p.grad.abs().sum() > 0
+               for p in adapter_parameters(block, names))
 
 
 # ---------------------------------------------------------------- config

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import train.experiment.preflight as pf
+from tests.train.conftest import merged, tiny_experiment
 from train.cli import main
 from train.config import parse_experiment
 from train.experiment.preflight import (
@@ -24,8 +25,6 @@ from train.experiment.preflight import (
     write_notes,
 )
 from train.lm.decoder import build_model
-
-from tests.train.conftest import merged, tiny_experiment
 
 TINY = tiny_experiment(
     data={"vocab_size": 16, "batch_size": 4}, model={"n_layers": 2},

@@ -7,10 +7,9 @@ import copy
 import pytest
 from rich.console import Console
 
+from tests.train.conftest import tiny_experiment
 from train.config import parse_experiment
 from train.experiment.stages import train_experiment
-
-from tests.train.conftest import tiny_experiment
 
 QUIET = Console(quiet=True)
 RAW = tiny_experiment(

@@ -8,11 +8,10 @@ import shutil
 import pytest
 import yaml
 
-from train.cli import main
-from train.config import parse_experiment
-
 from tests.train.cli.test_fuzz import run_cli, snapshot
 from tests.train.conftest import MQA, tiny_experiment
+from train.cli import main
+from train.config import parse_experiment
 
 DATA = {"train_size": 32, "val_size": 8, "batch_size": 8}
 RAW = tiny_experiment(variants={"mqa": MQA})

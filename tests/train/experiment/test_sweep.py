@@ -5,12 +5,11 @@ import json
 
 import pytest
 
+from tests.train.conftest import tiny_experiment
 from train.cli import main
 from train.config import parse_experiment
 from train.experiment.sweep import best_runs, summarize
 from train.render.sweep import sweep_markdown, sweep_table
-
-from tests.train.conftest import tiny_experiment
 
 
 def raw_experiment(**sweep):

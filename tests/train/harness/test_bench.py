@@ -3,7 +3,6 @@
 import re
 
 from benches.train.harness.bench_monitor import main
-
 from tests.train.conftest import MQA, tiny_experiment
 
 RAW = tiny_experiment(  # warmup, checkpoints and histograms left at their defaults

@@ -32,10 +32,9 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import train.harness.module as module_py
+from tests.train.conftest import tiny_experiment
 from train.cli import main
 from train.rundir.status import read_status
-
-from tests.train.conftest import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = tiny_experiment(

@@ -10,6 +10,7 @@ import torch
 import yaml
 
 import zoo
+from tests.train.conftest import MQA, merged, tiny_experiment
 from train.cli import main
 from train.config import load_experiment, parse_experiment
 from train.data import (
@@ -23,8 +24,6 @@ from train.data import (
 from train.harness.module import LMModule, NonFiniteLoss
 from train.harness.optim import Combined, build_optimizer, muon_params
 from train.sizing.match import count_params, matched_widths
-
-from tests.train.conftest import MQA, merged, tiny_experiment
 
 BASE = tiny_experiment(name="h", variants={"mqa": MQA}, train={"checkpoint_every_n_steps": 2})
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.cli import main
-
 from tests.train.conftest import tiny_experiment
+from train.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 EVERY = 5

@@ -1,9 +1,8 @@
 import torch
 
+from tests.train.conftest import tiny_experiment
 from train.config import parse_experiment
 from train.harness.module import LMModule
-
-from tests.train.conftest import tiny_experiment
 
 RAW = tiny_experiment(  # the sizes, train and monitor sections left at their defaults
     name="t", seed=1, data={"train_size": None, "val_size": None, "batch_size": None},

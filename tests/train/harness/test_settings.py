@@ -15,13 +15,12 @@ from rich.console import Console
 
 import train.harness.devices as devices
 import train.harness.module as module_py
+from tests.train.conftest import tiny_markov
 from train.cli import main
 from train.config import TrainConfig, parse_experiment
 from train.config.sections import ACCELERATORS, PRECISIONS, STRATEGIES, device_request
 from train.experiment.stages import train_experiment
 from train.rundir.status import read_status
-
-from tests.train.conftest import tiny_markov
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = tiny_markov("settings", checkpoint_every=3)

@@ -13,8 +13,8 @@ transformers = pytest.importorskip(
     "transformers", reason="--hf needs transformers (pip install 'rankzoo[hf]')")
 gguf = pytest.importorskip("gguf", reason="GGUF input needs gguf (pip install 'rankzoo[hf]')")
 
+from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
-from train.hf import hf_report  # noqa: E402
 from train.hf.tiny import tiny_model  # noqa: E402
 
 T, P = 32, 2
@@ -109,8 +109,8 @@ def _numbers(x, path=""):
 
 def test_a_gguf_file_reports_as_the_saved_model(files):
     path, saved, counts, text = files
-    got = hf_report(path, text, seq_len=T, probe_size=P)
-    want = hf_report(saved, text, seq_len=T, probe_size=P)
+    got = probe_report(path, text, seq_len=T, probe_size=P)
+    want = probe_report(saved, text, seq_len=T, probe_size=P)
     assert got["source"]["gguf"] == {"file": "tiny.gguf", "quantization": counts}
     assert got["source"]["tokens"] == "tokenizer" and got["source"]["model_type"] == "llama"
     assert "gguf" not in want["source"]

@@ -19,8 +19,9 @@ transformers = pytest.importorskip(
     "transformers", reason="rankzoo report --hf needs transformers (pip install 'rankzoo[hf]')")
 
 import budgets  # noqa: E402
+from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
-from train.hf import hf_report, import_transformers, offline, probe_hf  # noqa: E402
+from train.hf import import_transformers, offline, probe_hf  # noqa: E402
 
 T, P = 32, 2  # seq len, probe size: the probe batch needs 64 tokens
 H, G, K, D = 4, 2, 8, 32  # the Llama: GQA, 2 query heads per KV head
@@ -127,7 +128,7 @@ def test_json_rows_and_caps_match_the_config(capsys, llama_dir, text_file):
 
 
 def test_short_sequences_cap_the_kv_cache_at_t(llama_dir, text_file):
-    report = hf_report(llama_dir, text_file, seq_len=8, probe_size=P)
+    report = probe_report(llama_dir, text_file, seq_len=8, probe_size=P)
     rows = _rows(report["variants"][0]["layers"][0])
     assert rows["inference.k"]["declared"] == min(8, G * K) == 8
     assert rows["past_future"]["declared"] == 4
@@ -146,7 +147,7 @@ def _probe_ids(model_dir, text_file, vocab=64):
 @pytest.mark.parametrize("which", ["llama_dir", "gpt2_dir"])
 def test_realized_ranks_equal_an_independent_measurement(request, which, text_file):
     model_dir = request.getfixturevalue(which)
-    report = hf_report(model_dir, text_file, seq_len=T, probe_size=P)
+    report = probe_report(model_dir, text_file, seq_len=T, probe_size=P)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, local_files_only=True, attn_implementation="eager")
     with torch.no_grad():
@@ -203,7 +204,7 @@ def test_llama_style_families(tmp_path, text_file, name):
         num_key_value_heads=G, head_dim=K, vocab_size=64, max_position_embeddings=128,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)
     getattr(transformers, f"{name}ForCausalLM")(config).save_pretrained(tmp_path / name)
-    rows = _rows(hf_report(tmp_path / name, text_file, seq_len=T, probe_size=P)
+    rows = _rows(probe_report(tmp_path / name, text_file, seq_len=T, probe_size=P)
                  ["variants"][0]["layers"][0])
     assert rows["inference.k"]["declared"] == min(T, G * K) and rows["qk"]["declared"] == K
 
@@ -399,7 +400,7 @@ def test_a_peft_adapter_fills_the_adapter_axis(capsys, llama_dir, text_file, ada
     assert code == 0, err
     (variant,) = json.loads(out)["variants"]
     assert json.loads(out)["source"]["adapter"] == str(path)
-    plain = hf_report(llama_dir, text_file, seq_len=T, probe_size=P)["variants"][0]
+    plain = probe_report(llama_dir, text_file, seq_len=T, probe_size=P)["variants"][0]
     assert variant["metrics"]["probe/loss"] != plain["metrics"]["probe/loss"]  # it acts
     assert variant["budget_total"] == plain["budget_total"] + 2 * (4 + 2 + 2)
     for i, layer in enumerate(variant["layers"]):

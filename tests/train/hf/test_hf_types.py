@@ -13,9 +13,9 @@ transformers = pytest.importorskip(
     "transformers", reason="--hf needs transformers (pip install 'rankzoo[hf]')")
 
 import budgets  # noqa: E402
+from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
-from train.hf import hf_report  # noqa: E402
 from train.hf.tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
 
 T, P = 32, 2
@@ -43,8 +43,8 @@ def saved(tmp_path_factory):
 
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_report_runs_on_each_type(saved, text_file, model_type):
-    report = hf_report(saved(model_type), text_file, seq_len=T, probe_size=P)
-    free = hf_report(saved(model_type), text_file, seq_len=T, probe_size=P, matfree_from=16)
+    report = probe_report(saved(model_type), text_file, seq_len=T, probe_size=P)
+    free = probe_report(saved(model_type), text_file, seq_len=T, probe_size=P, matfree_from=16)
     assert [ly["kind"] for ly in free["variants"][0]["layers"]] == [
         ly["kind"] for ly in report["variants"][0]["layers"]]
     layers = report["variants"][0]["layers"]
@@ -101,7 +101,7 @@ def test_a_model_without_the_interface_gives_its_p(tmp_path, text_file, model_ty
                                                **sizes)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
-    report = hf_report(tmp_path / "m", text_file, seq_len=T, probe_size=P)
+    report = probe_report(tmp_path / "m", text_file, seq_len=T, probe_size=P)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "m", local_files_only=True, attn_implementation="eager")
     ids = torch.tensor(list(text_file.read_bytes()[:P * T])).view(P, T) % 128
@@ -148,7 +148,7 @@ def test_other_mixers_are_named_as_not_measured(saved, text_file, capsys):
     path = saved("lfm2")
     model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     convs = [i for i, t in enumerate(model.config.layer_types) if t == "conv"]
-    report = hf_report(path, text_file, seq_len=T, probe_size=P)
+    report = probe_report(path, text_file, seq_len=T, probe_size=P)
     assert report["unmeasured_mixers"] == [
         {"model_type": "lfm2", "layer": i, "name": f"model.layers.{i}.conv",
          "class": type(model.model.layers[i].conv).__name__} for i in convs]
@@ -159,3 +159,31 @@ def test_other_mixers_are_named_as_not_measured(saved, text_file, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "not measured: lfm2 layers 0, 2 (Lfm2ShortConv)" in out
+
+
+def test_weights_shared_by_several_layers_are_measured_at_each_call(saved, text_file, capsys):
+    """zamba ties one attention block across its hybrid layers, and each Mamba mixer runs
+    a scan per Mamba head: every call is measured, and the report says which share."""
+    path = saved("zamba")
+    report = probe_report(path, text_file, seq_len=T, probe_size=P)
+    layers = report["variants"][0]["layers"]
+    attention = [ly for ly in layers if ly["kind"]["attention"] != "ssm"]
+    assert len(attention) == 2  # layers 1 and 3 of the decoder
+    groups = [ly["shared"]["mixers"] for ly in attention]
+    assert groups[0] == groups[1] == [ly["layer"] for ly in attention]
+    assert all(ly.get("shared") for ly in layers)  # two scans per Mamba mixer
+    assert main(["report", "--hf", str(path), "--text", str(text_file), "--seq-len", str(T),
+                 "--probe-size", str(P)]) == 0
+    out = capsys.readouterr().out
+    assert "shared weights (one set, measured at each call)" in out
+    assert "shared_transf.self_attn" in out
+
+
+def test_a_mixer_without_probabilities_is_refused_in_one_line(saved, text_file, capsys):
+    """rwkv's layers return their time-mixing state where attention probabilities go."""
+    code = main(["report", "--hf", str(saved("rwkv")), "--text", str(text_file),
+                 "--seq-len", str(T), "--probe-size", str(P)])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rankzoo: error: rwkv: no layer attends through ")
+    assert "RwkvSelfAttention" in err[-1] and "Traceback" not in "\n".join(err)

@@ -3,13 +3,13 @@ heads heatmaps from the report, and every figure bounded in pixels at 32 layers 
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 from matplotlib.colors import to_rgba
 from PIL import Image
 
+from tests.train.render.test_render import make_report, old_format
 from train.render.plots import (
     DPI,
     HEAD_CLASSES,
@@ -23,8 +23,6 @@ from train.render.plots import (
     spectrum_figure,
     write_plots,
 )
-
-from tests.train.render.test_render import make_report, old_format
 
 QUANTITIES = ("mixing_centered", "past_future", "qk", "value")
 BUDGET = {"block": "softmax", "seq_len": 64, "n_heads": 16, "mixing": 32, "logits": 8,
@@ -179,19 +177,16 @@ def test_layers_with_fewer_heads_are_padded():
 # ---------------------------------------------------------------- write_plots
 
 def test_write_plots_adds_heads_figures_and_never_overwrites(tmp_path):
-    run = tmp_path / "runs" / "hand"
+    run = tmp_path / "runs" / "hand"  # named in the notes only: the records come in
     hist = histories(n_variants=2, n_layers=3)
-    for name, records in hist.items():
-        (run / name).mkdir(parents=True)
-        (run / name / "ranks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     report = make_report(n_variants=2, n_layers=3, n_heads=4)
     out = tmp_path / "figs"
-    written, notes = write_plots(run, report, out)
+    written, notes = write_plots(hist, report, out, run)
     assert sorted(p.name for p in written) == sorted(
         ["spectrum_v0.png", "spectrum_v1.png", "rank_over_training.png", "heads_v0.png",
          "heads_v1.png", "declared_vs_realized.png"]) == sorted(p.name for p in out.iterdir())
     assert notes == []
     before = {p: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(FileExistsError, match="not empty"):
-        write_plots(run, report, out)
+        write_plots(hist, report, out, run)
     assert {p: p.read_bytes() for p in out.iterdir()} == before

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.train.conftest import tiny_experiment, write_run
 from train.cli import main
 from train.rundir.lock import (
     RunLocked,
@@ -21,8 +22,6 @@ from train.rundir.lock import (
     release,
     writer,
 )
-
-from tests.train.conftest import tiny_experiment, write_run
 
 
 class Holder:

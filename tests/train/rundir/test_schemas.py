@@ -11,13 +11,12 @@ import json
 import pytest
 
 from budgets.schema import Int, ListOf, Maybe, Number, Record, check, read_json, read_text
+from tests.train.conftest import MQA, tiny_experiment
+from tests.train.conftest import write_run as write_run_dir
 from train.cli import main
 from train.config import load_experiment
 from train.hf import adapter_dir, model_type_of
 from train.rundir.files import read_yaml
-
-from tests.train.conftest import MQA, tiny_experiment
-from tests.train.conftest import write_run as write_run_dir
 
 TINY = tiny_experiment(
     data={"vocab_size": 16, "seq_len": 8, "batch_size": 4}, model={"n_layers": 2},

@@ -13,14 +13,14 @@ from rich.console import Console
 
 import train.harness.module as module_py
 import train.rundir.status as status_py
+from tests.train.conftest import tiny_markov
 from train.cli import main
 from train.config import parse_experiment
 from train.experiment.stages import train_experiment
 from train.harness.module import NonFiniteLoss
+from train.rundir.layout import STATUS_FILE
 from train.rundir.read import load_run
-from train.rundir.status import STATUS_FILE, describe_status, read_status, write_status
-
-from tests.train.conftest import tiny_markov
+from train.rundir.status import describe_status, read_status, write_status
 
 TINY = tiny_markov("st", checkpoint_every=2)
 QUIET = Console(quiet=True)

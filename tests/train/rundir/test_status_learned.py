@@ -13,6 +13,7 @@ import torch
 from rich.console import Console
 
 import train.harness.module as module_py
+from tests.train.conftest import tiny_markov, write_run
 from train.cli import main
 from train.config import parse_experiment
 from train.data import (
@@ -27,16 +28,14 @@ from train.data import (
 )
 from train.experiment.stages import train_experiment
 from train.harness.module import NonFiniteLoss
-from train.rundir.read import DIVERGED_FILE, finished_entry, load_run, rank_records
+from train.rundir.layout import DIVERGED_FILE, STATUS_FILE
+from train.rundir.read import finished_entry, load_run, rank_records
 from train.rundir.status import (
-    STATUS_FILE,
     LearnedMargins,
     judge_learned,
     learned_threshold,
     run_status,
 )
-
-from tests.train.conftest import tiny_markov, write_run
 
 QUIET = Console(quiet=True)
 

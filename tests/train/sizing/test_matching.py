@@ -2,6 +2,7 @@
 width) and cached state (match.state, through each block's state knob), alone and together,
 through parse_experiment, the resolved config and the dry-run table."""
 
+import dataclasses
 import itertools
 import json
 
@@ -13,7 +14,7 @@ from train.cli import main
 from train.config import load_experiment, parse_experiment
 from train.experiment.plan import plan_document
 from train.harness.module import build_model
-from train.sizing.match import STATE_KNOBS
+from train.sizing.match import state_knob
 
 # A short sequence and a reference MHA with a small head (K = 4): cache per layer
 # 2 * T * H * K = 512 elements at T = 16, which every knob below can reach within 5%.
@@ -82,7 +83,7 @@ def test_matched_knob_is_the_nearest_value():
     exp = state_experiment()
     target = cache_of(exp, "mha")
     for name, spec in STATE_VARIANTS.items():
-        knob = STATE_KNOBS[spec["block"]][0]
+        knob = state_knob(spec["block"])[0]
         value = exp.state[name][knob]
         chosen = abs(cache_of(exp, name) - target)
         for other in (value - 1, value + 1):
@@ -142,10 +143,15 @@ def test_impossible_state_target_names_the_values(variant, match):
         parse_experiment(raw)
 
 
-def test_block_without_a_state_knob_is_named(monkeypatch):
-    monkeypatch.delitem(STATE_KNOBS, "moe")
-    raw = experiment_raw({"mha": {"block": "softmax"}, "moe": {"block": "moe"}}, state=True)
-    with pytest.raises(ValueError, match=r"variant 'moe' \(moe\) cannot be state-matched"):
+def test_the_state_knob_and_its_values_are_the_blocks_declaration(monkeypatch):
+    """match.state reads each block's facts (zoo/facts.py) as they are: a value the
+    declaration leaves out is never tried (here the SSM's N = 11 that would match)."""
+    cls = zoo.block_class("ssm")
+    sizing = dataclasses.replace(cls.facts.sizing, values=lambda kw, D, T: [1, 2, 3])
+    monkeypatch.setattr(cls, "facts", dataclasses.replace(cls.facts, sizing=sizing))
+    raw = experiment_raw({"mha": REFERENCE, "ssm": STATE_VARIANTS["ssm"]}, state=True)
+    with pytest.raises(ValueError, match=r"variant 'ssm' \(ssm\) cannot be matched .* by "
+                                         r"its d_state; nearest achievable: [\d,]+ at d_state=3"):
         parse_experiment(raw)
 
 

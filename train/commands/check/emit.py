@@ -5,14 +5,16 @@ cheaper-block advice by training the suggested blocks beside it.
 
 The report advises "a block with a fixed state of N (linear attention with F = N, or an
 SSM with N = N)" for layers whose past->future rank stays <= N. The emitted experiment is
-the original run's own (its data, model, train and monitor sections, its seed) with three
-variants, matched in parameters to the first:
+the original run's own (its data, model, train and monitor sections, its seed) with the
+variant the advice is about, as it was trained, and one variant per block that checks the
+advice (each registered family's `facts.checks`, zoo/facts.py, in listing order), matched
+in parameters to the first:
 
   <variant>                     the variant the advice is about, as it was trained
-  <variant>.ssm_n<N>            an SSM with d_state N in every layer
   <variant>.linear_f<N>         linear attention with F = N: feature_map identity with
                                 feature_dim N (unnormalized: identity features can be
                                 negative)
+  <variant>.ssm_n<N>            an SSM with d_state N in every layer
 
 where N is the largest state advised over the variant's layers (the zoo's decoder has one
 block in every layer, so every layer is replaced: a stronger change than the advice's).
@@ -32,7 +34,9 @@ from typing import Any
 import yaml
 
 from ...config.load import load_experiment
-from ...rundir.read import EXPERIMENT_FILE, is_variant_dir
+from ...config.parse import advice_checks
+from ...rundir.layout import EXPERIMENT_FILE
+from ...rundir.read import is_variant_dir
 from ...sizing.costs import MATCH_TOLERANCE
 from ..pick.emit import check_target, experiment_name, write_experiment
 
@@ -41,10 +45,10 @@ ADVICE = "cheaper_block"
 
 
 def candidates(state: int) -> dict[str, dict[str, Any]]:
-    """The blocks whose fixed state is `state`, by the suffix of their variant's name."""
-    return {f"ssm_n{state}": {"block": "ssm", "d_state": state},
-            f"linear_f{state}": {"block": "linear", "feature_map": "identity",
-                                 "feature_dim": state, "normalize": False}}
+    """The blocks whose fixed state is `state`, by the suffix of their variant's name:
+    each Check of the advice a registered family declares."""
+    return {check.suffix.format(n=state): check.kwargs(state)
+            for _, check in advice_checks(ADVICE)}
 
 
 def advised(report: dict, variant: str | None) -> tuple[str, list[dict]]:

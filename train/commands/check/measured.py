@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from ...rundir.layout import VariantFiles
 from ...rundir.read import is_variant_dir
 from ..compress import CompressOptions, compress_run
 from ..compress.options import SCHEMA
@@ -89,7 +90,7 @@ def read_recorded(run_dir, report: dict, skip=()) -> tuple[list[dict], list[str]
 def _stale(path: Path, vdir: Path) -> list[str]:
     """A note when the run's checkpoint was written after the record (a resumed run): the
     record measured older weights."""
-    ckpt = vdir / "checkpoints" / "last.ckpt"
+    ckpt = VariantFiles(vdir).checkpoint
     if not ckpt.is_file() or ckpt.stat().st_mtime <= path.stat().st_mtime:
         return []
     return [f"{path} measured the weights before {ckpt} was last written; measure again "

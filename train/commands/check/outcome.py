@@ -18,13 +18,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...config.parse import parse_variant_check
+from ...config.parse import advice_checks, parse_variant_check
 from ...config.stage_sections import run_name
 from ...rundir.read import is_variant_dir, run_config, variant_dirs
 
 ACCURACY_TOLERANCE = 0.02  # absolute, of val/accuracy
 LOSS_TOLERANCE = 0.02  # nats per token, of val/loss: rankzoo compress's default tolerance
-BLOCKS = {"ssm": "an SSM with N = {n}", "linear": "linear attention with F = {n}"}
+
+
+def block_text(block: str, advice: str, state: int) -> str:
+    """How a check's verdict names the block that checked `advice` at `state`: the text
+    of the block's own Check (zoo/facts.py), 'an SSM with N = 5'."""
+    texts = [check.text for name, check in advice_checks(advice) if name == block]
+    if not texts:
+        raise ValueError(f"a {block} block declares no check of {advice} advice")
+    return texts[0].format(n=state)
 
 
 def compare(original: dict, candidate: dict) -> dict[str, dict]:
@@ -46,7 +54,8 @@ def _finished(variant: dict) -> bool:
     return (variant.get("status") or {}).get("state", "finished") == "finished"
 
 
-def check_item(original: dict, candidate: dict, block: str, state: int) -> dict:
+def check_item(original: dict, candidate: dict, block: str, state: int,
+               advice: str) -> dict:
     """The advice_check item of one check variant against its original."""
     metrics = compare(original, candidate)
     if not metrics or not (_finished(original) and _finished(candidate)):
@@ -60,12 +69,12 @@ def check_item(original: dict, candidate: dict, block: str, state: int) -> dict:
     return {"kind": "advice_check", "variant": name, "candidate": candidate["variant"],
             "block": block, "state": state, "metrics": metrics, "verdict": verdict,
             "text": f"{name}: the cheaper-block advice (a fixed state of {state}: "
-                    f"{BLOCKS[block].format(n=state)}, in every layer) is {verdict} by "
+                    f"{block_text(block, advice, state)}, in every layer) is {verdict} by "
                     f"{candidate['variant']}: {shown}"}
 
 
 def recorded_checks(run_dir) -> dict[str, dict]:
-    """Run name -> {of: the original's run name, block, state}, for each run of the
+    """Run name -> {of: the original's run name, block, state, advice}, for each run of the
     experiment directory `run_dir` whose config.yaml records a check (none for a variant
     directory: a check needs its original beside it). The key is the record: a variant's
     name is never read."""
@@ -84,7 +93,8 @@ def recorded_checks(run_dir) -> dict[str, dict]:
             point = {k: v for k, v in (config.get("sweep") or {}).items() if k != "variant"}
             found[config.get("variant", vdir.name)] = {
                 "of": run_name(check["of"], point) if point else check["of"],
-                "block": config["block"]["name"], "state": check["state"]}
+                "block": config["block"]["name"], "state": check["state"],
+                "advice": check["advice"]}
     return found
 
 
@@ -97,7 +107,7 @@ def attach_checks(report: dict, checks: dict[str, dict]) -> list[dict]:
         check = checks.get(name)
         if check is not None and check["of"] in by_name:
             items.append(check_item(by_name[check["of"]], variant, check["block"],
-                                    check["state"]))
+                                    check["state"], check["advice"]))
     if items:
         report["advice_checks"] = items
     return items

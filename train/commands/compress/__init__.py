@@ -18,7 +18,8 @@ at each cache size:
                  evaluation on EVAL (loss, perplexity); the same file for both is read
                  after the calibration tokens
 
-What is projected, per family (model surgery, each undone after its evaluation):
+What is projected, per family (model surgery, each undone after its evaluation; a zoo
+block by the kind of cache it declares):
   softmax, sliding_window, moe, HF   keys before RoPE (W_K -> P W_K per KV head, bias too;
                  the model rotates the rebuilt keys) or, --keys post-rope, the rotated keys
                  (inside the attention), and values (W_V -> P W_V); keys of a model
@@ -30,9 +31,10 @@ What is projected, per family (model surgery, each undone after its evaluation):
 
 Bases: output-aware by default (each slot's error weighed as its reader sees it: keys
 through the queries and the attention, values through W_O and the attention, MLA's latent
-through both, on one scale of squared output error per token; train/commands/compress/readout.py), or by
-energy (--bases energy). Cost model: the bases are fitted once and shared, so they are
-weights: a row's ratio counts the codes per token alone, its basis bytes once per model.
+through both, on one scale of squared output error per token;
+train/commands/compress/readout.py), or by energy (--bases energy). Cost model: the bases
+are fitted once and shared, so they are weights: a row's ratio counts the codes per token
+alone, its basis bytes once per model.
 
 Settings evaluated: the report's advised ranks (per KV head, rank_eps_pooled rounded up),
 and per target ratio a uniform r and a greedy allocation by gain per byte, and per --eps
@@ -44,7 +46,7 @@ and, --record, the variant's compress.json.
 One module per job:
   train/commands/compress/options.py      CompressOptions, the keys chosen, the constants
   train/commands/compress/surgery.py      changes to a model that are undone
-  train/commands/compress/zoo_surgery.py  ZooTarget: zoo blocks' caches, a row per family
+  train/commands/compress/zoo_surgery.py  ZooTarget: zoo blocks' caches, by cache kind
   train/commands/compress/hf_surgery.py   HFTarget: Hugging Face models' KV caches
   train/commands/compress/calibrate.py    calibration and evaluation data, the bases
   train/commands/compress/prediction.py       the report's advised ranks

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .lowrank import SlotStats
-
 from .options import ZOO_CALIBRATION, CompressOptions
 
 

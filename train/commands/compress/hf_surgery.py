@@ -6,41 +6,35 @@
 Keys before RoPE are projected through the rows of W_K that give them (W_K -> P W_K per KV
 head, bias too; a fused q/k/v projection's rows wherever they sit), or by a hook on the
 per-head k_norm of models that normalize them; keys after RoPE (keys=post-rope) inside
-the attention, through transformers' AttentionInterface; values through W_V's rows.
+the attention, through transformers' AttentionInterface (budgets/hf/capture.py
+transformed); values through W_V's rows.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from budgets.cache import Keys
 from budgets.hf.capture import (
     AttentionCall,
     capture,
     probabilities,
     projection_weight,
     row_blocks,
+    transformed,
 )
 from budgets.hf.geometry import Geometry
 from budgets.hf.projections import Rows, discover
-from .lowrank import Slot, project_heads, project_rows
-from .readout import (
-    Weight,
-    head_gram,
-    query_weight,
-    readout_sensitivity,
-    value_spread,
-    value_weight,
-)
 
-from .options import key_label, resolve_keys
+from .lowrank import Slot, project_heads, project_rows
+from .options import resolve_keys
+from .readout import Weight, readout_weights
 from .surgery import Surgery, projected
 
-HF_ATTENTION = "rankzoo_compress"  # the attention implementation that projects rotated keys
 DISCOVERY_SEED = 0  # the random tokens the layers are found with
 
 
@@ -76,7 +70,7 @@ class HFTarget:
             raise ValueError(f"the {self.g.model_type} model has no attention layer: compress "
                              f"projects KV caches (an SSM's state is not compressed here)")
         for i, layer in enumerate(self.layers):
-            need = ({"W_K": layer.k} if self.keys == "pre-rope" else {}) | {"W_V": layer.v}
+            need = ({"W_K": layer.k} if self.keys is Keys.PRE_ROPE else {}) | {"W_V": layer.v}
             missing = [name for name, rows in need.items() if rows is None]
             if missing:
                 raise ValueError(f"the {self.g.model_type} model's layer {i} ({layer.name}): "
@@ -91,24 +85,30 @@ class HFTarget:
     @property
     def normed_keys(self) -> bool:
         """Keys before RoPE come out of a per-head norm (k_norm), not a linear map."""
-        return self.keys == "pre-rope" and any(layer.k.through is not None
-                                               for layer in self.layers)
+        return self.keys is Keys.PRE_ROPE and any(layer.k.through is not None
+                                                  for layer in self.layers)
 
     @property
     def saveable(self) -> str | None:
         if self.normed_keys:
             return (f"the {self.g.model_type} model normalizes its keys (k_norm) before "
                     f"RoPE, so their projection is not a change of W_K")
-        if self.keys == "post-rope" and self.rope:
+        if self.rotated:
             return "keys after RoPE are projected inside the attention, not through a weight"
         return None
+
+    @property
+    def rotated(self) -> bool:
+        """The keys projected are RoPE's output: inside the attention, not through W_K."""
+        return self.keys is Keys.POST_ROPE and self.rope
 
     def describe(self) -> str:
         H, G, K, V = self.layers[0].shape
         return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
-                f"V {V}); {key_label(self.keys, self.rope)}")
+                f"V {V}); {self.keys.label_for(self.rope)}")
 
-    one_scale = True  # weights in squared output error per token (train/commands/compress/readout.py)
+    # weights in squared output error per token (train/commands/compress/readout.py)
+    one_scale = True
 
     @torch.no_grad()
     def activations(self, ids: torch.Tensor, weights: dict | None = None,
@@ -123,7 +123,7 @@ class HFTarget:
             i = self.index[call.module]
             # every token's keys and values, a window layer's too: the projection acts on
             # all of them in the prefill, not only on the W - 1 its cache keeps after it
-            acts[(i, "k")] = call.key_pre if self.keys == "pre-rope" else call.key
+            acts[(i, "k")] = call.key_pre if self.keys is Keys.PRE_ROPE else call.key
             acts[(i, "v")] = call.value
             if weights is not None:
                 weights.update(self.weights(i, call))
@@ -137,36 +137,38 @@ class HFTarget:
         return acts
 
     def weights(self, i: int, call: AttentionCall) -> dict[tuple[int, str], Weight]:
-        """Layer i's keys' and values' weights on one scale (train/commands/compress/readout.py), from its
+        """Layer i's keys' and values' weights on one scale (readout_weights), from its
         attention, a block of query rows at a time; none without its W_O."""
         layer = self.layers[i]
         w_o = None if layer.out is None else projection_weight(layer.out)
-        H, G, _, V = layer.shape
+        H, _, _, V = layer.shape
         if w_o is None or w_o.shape[1] != H * V:
             return {}
-        M = head_gram(w_o, H)  # [H, V, V]
-        v = call.value.repeat_interleave(H // G, dim=1)  # [B, H, T, V]
-        parts = [readout_sensitivity(probabilities(call, rows), v, M)
-                 for rows in row_blocks(call)]
-        rho = torch.cat([p[0] for p in parts], dim=-1)  # [B, H, T]
-        kappa = torch.cat([p[1] for p in parts], dim=-1)
-        return {(i, "k"): Weight(query_weight(call.query, G, self.rope,
-                                              rho * call.scaling ** 2)),
-                (i, "v"): Weight(value_weight(w_o, H, G), value_spread(kappa, M, G))}
+        probs = (probabilities(call, rows) for rows in row_blocks(call))  # [B, H, r, T]
+        keys, values = readout_weights(call.query, call.value, probs, w_o,
+                                       call.scaling ** 2, self.rope)
+        return {(i, "k"): keys, (i, "v"): values}
 
     def apply(self, surgery: Surgery, P: dict) -> None:
         """The projections, applied to the model through `surgery`."""
-        rotated = self.keys == "post-rope" and self.rope
         for i, layer in enumerate(self.layers):
             Pk, Pv = P[(i, "k")], P[(i, "v")]
             if self.normed_keys:
                 _project_norm(surgery, layer.k.through, Pk)
-            elif not rotated:
+            elif not self.rotated:
                 project_rows_at(surgery, layer.k, Pk)
             project_rows_at(surgery, layer.v, Pv)
-        if rotated:
-            attention_with_projected_keys(self.model, surgery, self.index,
-                                          {i: P[(i, "k")] for i in range(len(self.layers))})
+        if self.rotated:
+            surgery.enter(transformed(self.model, self._rotated_keys_projected(P),
+                                      "keys=post-rope on a RoPE model"))
+
+    def _rotated_keys_projected(self, P: dict):
+        """fn(module, key, value) for `transformed`: each layer's rotated keys [B, G, T, K]
+        projected by its P [G, K, K]; other modules' attention untouched."""
+        def fn(module, key, value):
+            i = self.index.get(module)
+            return (key, value) if i is None else (project_heads(key, P[(i, "k")]), value)
+        return fn
 
     def projected(self, P: dict):
         return projected(self, P)
@@ -208,37 +210,3 @@ def _project_norm(surgery: Surgery, norm: nn.Module, P: torch.Tensor) -> None:
         tokens_first = out.shape[-2] == G and out.shape[1] != G
         return project_heads(out, P, head_dim=-2 if tokens_first else -3)
     surgery.hook(norm, hook)
-
-
-def attention_with_projected_keys(model, surgery: Surgery, index: dict, Pk: dict) -> None:
-    """The model attending through a function that projects each layer's rotated keys
-    [B, G, T, K] by its P before the model's own attention (transformers'
-    AttentionInterface, >= 5); the implementation is restored by `surgery`."""
-    try:
-        from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    except ImportError as e:
-        raise ValueError(f"keys=post-rope on a RoPE model needs transformers' "
-                         f"AttentionInterface (transformers >= 5), not available here ({e})"
-                         ) from None
-    before = model.config._attn_implementation
-
-    def inner(module):
-        if before in ALL_ATTENTION_FUNCTIONS:
-            return ALL_ATTENTION_FUNCTIONS[before]
-        return sys.modules[type(module).__module__].eager_attention_forward
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        i = index.get(module)
-        if i is not None:
-            key = project_heads(key, Pk[i])
-        return inner(module)(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionMaskInterface.register(HF_ATTENTION, sdpa_mask if before == "sdpa" else eager_mask)
-    ALL_ATTENTION_FUNCTIONS[HF_ATTENTION] = attention
-    model.set_attn_implementation(HF_ATTENTION)
-
-    def restore():
-        model.set_attn_implementation(before)
-        del ALL_ATTENTION_FUNCTIONS[HF_ATTENTION]
-    surgery.undo.append(restore)

@@ -25,15 +25,15 @@ projection acts on the keys before the rotation, which the model then applies to
 rebuilt keys.
 
 Output-aware bases (the default of `rankzoo compress`) weigh the error as its reader sees
-it: a slot with a weight W [G, K, K] (train/commands/compress/readout.py: keys by the queries that read
-them, values by W_O and the attention, each scaled to the squared error it adds to the
-layer's output per token) keeps the rank-r projector minimizing the weighted error
+it: a slot with a weight W [G, K, K] (train/commands/compress/readout.py: keys by the
+queries that read them, values by W_O and the attention, each scaled to the squared error
+it adds to the layer's output per token) keeps the rank-r projector minimizing the weighted error
 tr(W (I - P) C (I - P)^T), C the activations' second moment per token: with S = W^(1/2),
 the top eigenvectors Q of S C S give U = S^-1 Q (rebuilt directions) and E = Q^T S
 (encoder rows), P = U_r E_r, and the eigenvalues (gain) are the output error each
 direction removes (docs/METRICS.md).
 
-Bytes follow the KV advice (budgets/advice/kv.py lowrank_cache_bytes, one formula): per
+Bytes follow the KV advice (budgets/cache.py lowrank_cache_bytes, one formula): per
 token, the r codes of every head of every slot at the cache dtype, plus each basis
 (width x r) once per sequence, amortized at a stated length T; a full cache holds every
 width. A sliding window's slot holds min(W, T) tokens of a sequence of T, so its bytes per
@@ -68,10 +68,10 @@ from dataclasses import dataclass
 
 import torch
 
-from budgets.advice.kv import lowrank_cache_bytes
+from budgets.cache import CostModel, cache_per_token, full_cache_bytes, lowrank_cache_bytes
 from budgets.rank.metrics import check_eps, gram_rank_eps, singular_values, spectrum_metrics
+
 from .readout import weighted_basis
-from budgets.advice.verdicts import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,6 @@ class Slot:
     @property
     def key(self) -> tuple[int, str]:
         return (self.layer, self.kind)
-
-
-def dtype_bytes(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"cache dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-    return DTYPE_BYTES[dtype]
 
 
 # ---------------------------------------------------------------- calibration
@@ -271,17 +265,19 @@ def slot_bytes(slot: Slot, ranks: list[int], nbytes: int, T: int,
         raise ValueError(f"slot {slot.kind} of layer {slot.layer}: {len(ranks)} ranks for "
                          f"{slot.heads} heads")
     low = lowrank_cache_bytes([slot.width] * slot.heads, ranks, nbytes, T)
+    basis = low["basis_bytes"]
+    model = CostModel.SHARED if shared else CostModel.PER_SEQUENCE
     if slot.columns is None:  # one code per token kept and kept direction
         held = 1.0 if slot.window is None else min(slot.window, T) / T  # of the T tokens
         codes = (low["bytes_per_token"] + slot.fixed_per_token * nbytes) * held
-        full = (slot.heads * slot.width + slot.fixed_per_token) * nbytes * held
-        return {"full": full, "low": codes + (0 if shared else low["basis_bytes"] / T),
-                "codes": codes, "basis": low["basis_bytes"]}
-    # a state: per sequence `columns` elements per kept direction, plus the basis
-    codes = (slot.columns * low["bytes_per_token"] + slot.fixed_per_sequence * nbytes) / T
-    full = (slot.heads * slot.width * slot.columns + slot.fixed_per_sequence) * nbytes / T
-    return {"full": full, "low": codes + (0 if shared else low["basis_bytes"] / T),
-            "codes": codes, "basis": low["basis_bytes"]}
+        full = full_cache_bytes([slot.width] * slot.heads + [slot.fixed_per_token],
+                                nbytes) * held
+    else:  # a state: per sequence `columns` elements per kept direction, plus the basis
+        codes = (slot.columns * low["bytes_per_token"] + slot.fixed_per_sequence * nbytes) / T
+        full = full_cache_bytes([slot.width * slot.columns] * slot.heads
+                                + [slot.fixed_per_sequence], nbytes) / T
+    return {"full": full, "low": cache_per_token(codes, basis, T, model), "codes": codes,
+            "basis": basis}
 
 
 def cache_bytes(slots: list[Slot], ranks: dict, nbytes: int, T: int,

@@ -22,6 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from budgets.cache import CostModel
+
+from ...render.compress import setting_name
+from .calibrate import Calibration
 from .lowrank import (
     Slot,
     cache_bytes,
@@ -32,13 +36,10 @@ from .lowrank import (
     retained_energy,
     uniform_ranks,
 )
-
-from ...render.compress import setting_name
-from .calibrate import Calibration
 from .options import MIN_COMPRESSION, CompressOptions
 
-SHARED = True  # the bases are weights (module docstring)
-COST_MODEL = "shared_basis"
+COST_MODEL = CostModel.SHARED  # the bases are weights (module docstring)
+SHARED = COST_MODEL == CostModel.SHARED  # lowrank's flag for it
 
 
 def _uniform(slots, cal, ratio, nbytes, T):

@@ -2,7 +2,7 @@
 
     options = CompressOptions(ratios=(1.5, 2), eps=(0.1,), keys="pre-rope")
     options.nbytes                      # bytes per cached element at options.cache_dtype
-    resolve_keys("auto", rope=True, what="the model") -> "pre-rope"
+    resolve_keys("auto", rope=True, what="the model") -> Keys.PRE_ROPE
 
 Errors name the parameter (the CLI, train/cli/__init__.py, shows them as its flags).
 """
@@ -12,15 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from budgets.advice.kv import KEY_LABEL
-from .lowrank import dtype_bytes
 from budgets.advice.verdicts import VerdictThresholds
+from budgets.cache import Keys, dtype_bytes
 
 from ...sizing.units import DTYPE_LONG, dtype_name
 
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
-KEYS = ("auto", "pre-rope", "post-rope")
+KEYS = ("auto", *(keys.value for keys in Keys))  # --keys: auto, pre-rope, post-rope
 ALLOCATIONS = ("uniform", "greedy", "greedy-scaled")
 DEFAULT_ALLOCATIONS = ("uniform", "greedy")
 BASES = ("output", "energy")  # output-aware (weighted by the reader) or by energy alone
@@ -94,17 +93,12 @@ class CompressOptions:
         return dtype_bytes(cache_dtype(self.cache_dtype))
 
 
-def resolve_keys(keys: str, rope: bool, what: str) -> str:
-    """pre-rope or post-rope: which keys get a basis (auto: before RoPE where there is RoPE;
-    a model without RoPE caches its keys as computed, called post-rope here)."""
+def resolve_keys(keys: str, rope: bool, what: str) -> Keys:
+    """Which keys get a basis (auto: before RoPE where there is RoPE; a model without
+    RoPE caches its keys as computed, called post-rope here)."""
     if keys == "auto":
-        return "pre-rope" if rope else "post-rope"
-    if keys == "pre-rope" and not rope:
+        return Keys.PRE_ROPE if rope else Keys.POST_ROPE
+    if keys == Keys.PRE_ROPE and not rope:
         raise ValueError(f"keys=pre-rope: {what} has no RoPE, so there are no keys before "
                          f"RoPE: its cache holds the keys as computed (keys=auto)")
-    return keys
-
-
-def key_label(keys: str, rope: bool) -> str:
-    """How the document names the keys that get a basis (budgets/advice/kv.py's labels)."""
-    return KEY_LABEL["k_pre_rope" if keys == "pre-rope" else "k"] if rope else "keys"
+    return Keys(keys)

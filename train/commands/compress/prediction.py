@@ -15,15 +15,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from budgets.advice.kv import KEY_LABEL, kv_option
+import zoo
+from budgets.advice.kv import kv_option
+from budgets.cache import CostModel
 
 from .calibrate import Calibration
 from .hf_surgery import HFTarget
-from .options import key_label
 from .zoo_surgery import ZooTarget
-
-# the report's inference row whose rank a state family's implied ranks come from
-STATE_ROWS = {"mla": "inference.latent", "linear": "inference.state", "ssm": "inference.state"}
 
 
 def _ceil(x: float) -> int:
@@ -47,8 +45,8 @@ def zoo_prediction(vdir: Path, target: ZooTarget, nbytes: int, notes: list[str])
     withheld = next((a["text"] for a in report.get("advice", [])
                      if a["kind"] == "no_advice" and a.get("variant") == variant["variant"]),
                     None)
-    found = (_kv_ranks(report, variant, T, target, nbytes, notes) if target.family == "kv"
-             else _state_ranks(variant, T, target, notes))
+    found = (_kv_ranks(report, variant, T, target, nbytes, notes)
+             if target.cache_kind == "kv" else _state_ranks(variant, T, target, notes))
     if found is None:
         return None
     ranks, advised, source, model = found
@@ -60,38 +58,44 @@ def zoo_prediction(vdir: Path, target: ZooTarget, nbytes: int, notes: list[str])
 
 
 def _kv_ranks(report: dict, variant: dict, T: int, target: ZooTarget, nbytes: int,
-              notes: list[str]) -> tuple[dict, bool, str, str] | None:
+              notes: list[str]) -> tuple[dict, bool, str, CostModel] | None:
     """(ranks, advised, source, cost model) of the report's KV advice; None without
     per-head ranks."""
-    key = "k_pre_rope" if target.keys == "pre-rope" else "k"
+    key = target.keys.field
     ranks, models = {}, set()
     for layer in variant["layers"]:
         kv = layer.get("kv_heads")
         opt = kv_option(kv, key, nbytes, T) if kv and key in kv else None
         if opt is None:
-            why = ("moe blocks offer no per-KV-head figures" if target.block_kind == "moe"
-                   else "a probe from an older rankzoo? re-probe")
-            notes.append(f"the report has no per-KV-head maxima of "
-                         f"{KEY_LABEL.get(key, key)} for layer {layer['layer']} ({why}): "
-                         f"no advice to check")
+            notes.append(f"the report has no per-KV-head maxima of {target.keys.label} for "
+                         f"layer {layer['layer']} ({_why_no_kv_heads(target)}): no advice "
+                         f"to check")
             return None
         ranks[(layer["layer"], "k")] = opt["rank_k"]
         ranks[(layer["layer"], "v")] = opt["rank_v"]
         models.add(opt["cost_model"])
     advised = any(a["kind"] == "kv_cache_summary" for a in report.get("advice", []))
-    model = models.pop() if len(models) == 1 else "per_sequence_basis"
-    how = ("its sequences stacked" if model == "shared_basis" else "max over its sequences")
-    source = (f"the report's KV advice ({key_label(target.keys, target.rope)} + values: "
+    model = models.pop() if len(models) == 1 else CostModel.PER_SEQUENCE
+    how = "its sequences stacked" if model == CostModel.SHARED else "max over its sequences"
+    source = (f"the report's KV advice ({target.keys.label_for(target.rope)} + values: "
               f"rank_eps per KV head at eps {variant['eps']:g}, {how}, "
               f"{variant.get('batch_size') or '?'} probe sequences of T = {T})")
     return ranks, advised, source, model
 
 
+def _why_no_kv_heads(target: ZooTarget) -> str:
+    """Why a report lacks a KV block's per-KV-head figures: the block offers none (the
+    probe measures them through its optional key_value_heads), or the probe is older."""
+    if not callable(getattr(target.blocks[0], "key_value_heads", None)):
+        return f"{target.block_kind} blocks offer no per-KV-head figures"
+    return "a probe from an older rankzoo? re-probe"
+
+
 def _state_ranks(variant: dict, T: int, target: ZooTarget,
-                 notes: list[str]) -> tuple[dict, bool, str] | None:
-    """(ranks, advised, source) implied by a state family's inference row; None when a
-    layer's rank is undecided."""
-    quantity = STATE_ROWS[target.family]
+                 notes: list[str]) -> tuple[dict, bool, str, CostModel] | None:
+    """(ranks, advised, source, cost model) implied by the inference row of a block
+    without KV advice (its facts' state_row); None when a layer's rank is undecided."""
+    quantity = zoo.facts_of(target.block_kind).state_row
     slots = {s.layer: s for s in target.slots}
     ranks = {}
     for layer in variant["layers"]:
@@ -106,14 +110,14 @@ def _state_ranks(variant: dict, T: int, target: ZooTarget,
     source = (f"the report's {quantity} rank (rank_eps max over samples and heads at eps "
               f"{variant['eps']:g}, T = {T}); the report gives no "
               f"low-rank advice for {target.block_kind}: the ranks its figures imply")
-    return ranks, False, source, "per_sequence_basis"
+    return ranks, False, source, CostModel.PER_SEQUENCE
 
 
 def hf_prediction(target: HFTarget, cal: Calibration, eps: float, nbytes: int, T: int,
                   command: str) -> dict:
     """The ranks `rankzoo report --hf` advises on the calibration batch (the same figures:
     rank_eps per KV head of its sequences stacked at eps, rounded up, by kv_option)."""
-    key = "k_pre_rope" if target.keys == "pre-rope" else "k"
+    key = target.keys.field
     ranks = {}
     for i in range(target.g.n_layers):
         kv = {"n_kv_heads": target.g.n_kv_heads, "head_dim": target.g.head_dim,
@@ -122,8 +126,8 @@ def hf_prediction(target: HFTarget, cal: Calibration, eps: float, nbytes: int, T
               "v": {"rank_eps_pooled": cal.stats[(i, "v")].rank_eps_pooled(eps)}}
         opt = kv_option(kv, key, nbytes, T)
         ranks[(i, "k")], ranks[(i, "v")] = opt["rank_k"], opt["rank_v"]
-    return {"ranks": ranks, "seq_len": T, "cost_model": "shared_basis", "advised": True,
+    return {"ranks": ranks, "seq_len": T, "cost_model": CostModel.SHARED, "advised": True,
             "withheld": None,
-            "source": f"the KV advice of `{command}` ({key_label(target.keys, target.rope)} "
+            "source": f"the KV advice of `{command}` ({target.keys.label_for(target.rope)} "
                       f"+ values: rank_eps per KV head at eps {eps:g} of the "
                       f"{cal.sequences} calibration sequences stacked)"}

@@ -1,18 +1,21 @@
 """How a cache's reader weighs its errors: the weights of output-aware bases, on one scale.
 
+    keys, values = readout_weights(q, v, [P], w_o, scale**2, rope)  # an attention's slots
     rho, kappa = readout_sensitivity(P, v, M)      # per query: how errors reach the output
     W_k = query_weight(q, G, rope, rho * scale**2)  # [G, K, K] keys' weight
     W_v = value_weight(w_o, H, G)                   # [G, V, V] values' weight ...
     spread = value_spread(kappa, M, G)             # [G] ... on m m^T + spread (C - m m^T)
     U, E, gain = weighted_basis(C, W)              # the basis minimizing the weighted error
 
-A slot (train/commands/compress/lowrank.py) of width K holds activations a with second moment C = E[a a^T]
-per token. Keeping r directions, a -> P a, leaves the error (I - P) a, and a reader with
-weight W feels E[(a - P a)^T W (a - P a)] = tr(W (I - P) C (I - P)^T). Every weight here
-is scaled so that this is the squared error the layer adds to the residual stream per
-token, to first order, in one unit for keys, values, latents and states: the greedy
-allocation then compares directions of different slots and layers by what each costs
-the output (docs/METRICS.md, "One scale").
+A slot (train/commands/compress/lowrank.py) of width K holds activations a with second
+moment C = E[a a^T] per token. Keeping r directions, a -> P a, leaves the error (I - P) a,
+and a reader with weight W feels E[(a - P a)^T W (a - P a)] = tr(W (I - P) C (I - P)^T).
+Every weight here is scaled so that this is the squared error the layer adds to the
+residual stream per token, to first order, in one unit for keys, values, latents and
+states: the greedy allocation then compares directions of different slots and layers by
+what each costs the output (docs/METRICS.md, "One scale"). readout_weights gives an
+attention layer's keys' and values' weights (zoo's and Hugging Face's alike; MLA's latent
+weight is built from them).
 
 Attention output of head h at query i: o_i = W_O,h sum_j P_ij v_j. Errors of different
 tokens j are treated as independent, except for their mean over tokens (a component every
@@ -33,6 +36,7 @@ C_eff's kappa averaged over the heads reading the KV head (weighted by tr W_O,h^
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -142,3 +146,19 @@ def readout_sensitivity(P: torch.Tensor, v: torch.Tensor, M: torch.Tensor
     rho = P2 @ n[..., None]  # [B, H, Tq, 1]
     rho = rho[..., 0] - 2 * (w * Mu).sum(-1) + (u * Mu).sum(-1) * kappa
     return rho.clamp(min=0.0), kappa
+
+
+def readout_weights(q: torch.Tensor, v: torch.Tensor, probs: Iterable[torch.Tensor],
+                    w_o: torch.Tensor, scale2: float, rope: bool) -> tuple[Weight, Weight]:
+    """The keys' and the values' Weight of one attention layer, on one scale (module
+    docstring): queries q [B, H, T, K] reading the keys (pair-averaged with RoPE), values v
+    [B, G, S, V] per KV head, the attention as blocks of query rows [B, H, r, S] in order
+    (one block: all of it), W_O [D, H*V], and scale2 the logits' scale squared."""
+    H, G = q.shape[1], v.shape[1]
+    M = head_gram(w_o, H)  # [H, V, V]
+    v_h = v.repeat_interleave(H // G, dim=1)  # [B, H, S, V]: the values each head reads
+    parts = [readout_sensitivity(P, v_h, M) for P in probs]
+    rho = torch.cat([p[0] for p in parts], dim=-1)  # [B, H, T]
+    kappa = torch.cat([p[1] for p in parts], dim=-1)
+    return (Weight(query_weight(q, G, rope, rho * scale2)),
+            Weight(value_weight(w_o, H, G), value_spread(kappa, M, G)))

@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from torch import nn
 
-from .lowrank import cache_bytes
+from budgets.cache import CostModel
 
 from ...rundir.lock import in_progress_note
 from .calibrate import Calibration, calibrate, hf_data, zoo_data
 from .hf_surgery import HFTarget
+from .lowrank import cache_bytes
 from .measure import COST_MODEL, bases_used, measure, verdict
 from .options import SCHEMA, SCHEMA_VERSION, CompressOptions, cache_dtype
 from .prediction import hf_prediction, zoo_prediction
@@ -37,7 +37,15 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     """(DecoderLM with the run's last weights, its config.yaml, the checkpoint's step) of a
     variant directory (read without Lightning)."""
     from ...lm.decoder import build_model
-    from ...rundir.read import check_shapes, is_variant_dir, run_config, variant_dirs
+    from ...rundir.layout import CHECKPOINT_FILE, VariantFiles
+    from ...rundir.read import (
+        MODEL_PREFIX,
+        check_shapes,
+        is_variant_dir,
+        load_checkpoint,
+        run_config,
+        variant_dirs,
+    )
 
     if not vdir.exists():
         raise FileNotFoundError(f"run directory not found: {vdir}")
@@ -53,19 +61,15 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     if config.get("finetune"):
         raise ValueError(f"{vdir}: a LoRA fine-tune; compress its base variant "
                          f"({config['finetune'].get('base_variant')})")
-    ckpt = vdir / "checkpoints" / "last.ckpt"
+    ckpt = VariantFiles(vdir).checkpoint
     if not ckpt.is_file():
-        raise FileNotFoundError(f"{vdir}: no checkpoints/last.ckpt to load the weights from")
-    try:
-        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
-        state, step = checkpoint["state_dict"], checkpoint.get("global_step")
-    except Exception as e:  # torch raises several types for a bad file
-        raise ValueError(f"{ckpt}: not a readable checkpoint ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:200]})") from None
+        raise FileNotFoundError(f"{vdir}: no {CHECKPOINT_FILE} to load the weights from")
+    checkpoint = load_checkpoint(ckpt)
     model = build_model(config)
-    check_shapes(model, state, ckpt, prefix="model.")  # one line, not a size mismatch's many
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
-    return model.eval(), config, None if step is None else int(step)
+    # one line, not a size mismatch's many
+    check_shapes(model, checkpoint.state_dict, ckpt, prefix=MODEL_PREFIX)
+    model.load_state_dict(checkpoint.model_state)
+    return model.eval(), config, checkpoint.step
 
 
 def document(source: dict, target, cal: Calibration, options: CompressOptions, T: int,
@@ -77,9 +81,9 @@ def document(source: dict, target, cal: Calibration, options: CompressOptions, T
     if prediction is not None:
         # the report's cost model: a shared basis (a weight), or on an older probe a
         # basis per sequence at its T
-        model = prediction.get("cost_model", "per_sequence_basis")
+        model = CostModel(prediction.get("cost_model", CostModel.PER_SEQUENCE))
         size = cache_bytes(target.slots, prediction["ranks"], nbytes, prediction["seq_len"],
-                           shared=model == "shared_basis")
+                           shared=model == CostModel.SHARED)
         pred = {"ratio": size["ratio"], "bytes_per_token": size["bytes_per_token"],
                 "cost_model": model, "seq_len": prediction["seq_len"],
                 "advised": prediction["advised"], "withheld": prediction["withheld"],

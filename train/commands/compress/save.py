@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .lowrank import projectors
-
 from ...render.compress import setting_name
 from ...rundir.files import atomic_path, write_json, write_yaml
+from ...rundir.layout import VariantFiles
 from .calibrate import Calibration
+from .lowrank import projectors
 from .options import CompressOptions
 from .surgery import Surgery
 
@@ -102,12 +102,13 @@ def _bases(target, cal: Calibration, ranks: dict) -> dict:
 def save_zoo(out: Path, model: nn.Module, config: dict) -> None:
     """A checkpoint laid out like a run's (checkpoints/last.ckpt: state_dict under
     "model.", the config under hyper_parameters) and its config.yaml."""
-    (out / "checkpoints").mkdir(exist_ok=True)
-    with atomic_path(out / "checkpoints" / "last.ckpt") as tmp:
+    files = VariantFiles(out)
+    files.checkpoint.parent.mkdir(exist_ok=True)
+    with atomic_path(files.checkpoint) as tmp:
         torch.save({"state_dict": {f"model.{k}": v.detach().clone()
                                    for k, v in model.state_dict().items()},
                     "hyper_parameters": {"config": config}, "global_step": 0}, tmp)
-    write_yaml(out / "config.yaml", config)
+    write_yaml(files.config, config)
 
 
 def save_hf(out: Path, target, tokenizer) -> None:

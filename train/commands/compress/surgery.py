@@ -20,7 +20,7 @@ from .lowrank import project_rows
 
 class Surgery:
     """Changes to a model that are undone in reverse order: parameters overwritten in
-    place, methods patched on an instance, forward hooks."""
+    place, methods patched on an instance, forward hooks, contexts entered."""
 
     def __init__(self):
         self.undo: list[Callable[[], None]] = []
@@ -39,6 +39,12 @@ class Surgery:
 
     def hook(self, module: nn.Module, fn: Callable) -> None:
         self.undo.append(module.register_forward_hook(fn).remove)
+
+    def enter(self, context: contextlib.AbstractContextManager) -> None:
+        """A context manager entered now and exited in its turn on restore (a model made
+        to attend through another function, budgets/hf/capture.py transformed)."""
+        context.__enter__()
+        self.undo.append(lambda: context.__exit__(None, None, None))
 
     def restore(self) -> None:
         while self.undo:

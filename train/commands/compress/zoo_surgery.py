@@ -1,18 +1,23 @@
-"""Zoo models' caches, per block family: what each caches, and how compress projects it.
+"""Zoo models' caches, by the kind each block declares: what is cached, and how compress
+projects it.
 
     target = ZooTarget(model, keys="auto")     # a DecoderLM of one block family
-    target.slots                               # train/commands/compress/lowrank.py Slots: what is cached
+    target.slots                               # what is cached: Slots (lowrank.py)
     with target.projected(P): target.evaluate(tokens, labels, batch_size)
 
-What is projected, per family (each a row of BLOCKS; a new block is one row there):
-  softmax, sliding_window, moe   keys before RoPE (W_K -> P W_K per KV head, bias too; the
-                 model rotates the rebuilt keys) or, keys=post-rope, the rotated keys (in
-                 the block's projection), and values (W_V -> P W_V); keys of a block
-                 without RoPE are projected as they are cached
-  mla            the latent cache c: kv_up(c) -> kv_up(P c), i.e. W_up -> W_up P
-  linear         the state S = sum phi(k) [v, 1]^T over its F feature rows: phi(k) -> P phi(k)
-  ssm            the state h = sum x B^T over its N rows, per B/C group: B -> P B (the conv
-                 state is kept in full)
+A block's facts name its cache kind (zoo/facts.py Facts.cache) and the block answers what
+compress asks of a cache of that kind (zoo/block.py: cache_slots, and the kind's own
+members), so compress holds one projection per kind, not per block, and a new block of a
+known kind needs no edit here:
+  kv       keys before RoPE (W_K -> P W_K per KV head, bias too; the model rotates the
+           rebuilt keys) or, keys=post-rope, the rotated keys (wrapping the block's
+           keys_values), and values (W_V -> P W_V); keys of a block without RoPE are
+           projected as they are cached (softmax, sliding_window, moe)
+  latent   the latent cache c: its reader kv_up(c) -> kv_up(P c), i.e. W_up -> W_up P (mla)
+  state    the state's rows, by projecting what writes them (wrapping the block's
+           write_rows): linear attention's S = sum phi(k) [v, 1]^T over its F feature
+           rows, phi(k) -> P phi(k); an SSM's h = sum x B^T over its N rows per B/C group,
+           B -> P B (its conv state kept in full)
 """
 
 from __future__ import annotations
@@ -21,114 +26,93 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .lowrank import Slot, project_heads
-from .readout import (
-    Weight,
-    head_gram,
-    query_weight,
-    readout_sensitivity,
-    value_spread,
-    value_weight,
-)
-from zoo.block import split_heads
+import zoo
+from budgets.cache import Keys
+from budgets.probe.inputs import module_inputs
+from zoo.block import CacheSlot, split_heads
 
-from ...sizing.families import CACHE_KINDS
-from .options import key_label, resolve_keys
+from .lowrank import Slot, project_heads
+from .options import resolve_keys
+from .readout import Weight, query_weight, readout_weights
 from .surgery import Surgery, project_linear, projected
 
 
-class KVCache:
-    """softmax and sliding_window: keys and values per KV head [B, G, T, K]."""
+def slot_of(layer: int, slot: CacheSlot) -> Slot:
+    """compress's Slot of a block's CacheSlot at `layer`."""
+    return Slot(layer, slot.name, slot.heads, slot.width, columns=slot.columns,
+                fixed_per_token=slot.fixed_per_token,
+                fixed_per_sequence=slot.fixed_per_sequence, window=slot.window)
 
-    one_scale = True  # weights in squared output error per token (train/commands/compress/readout.py)
 
-    def heads(self, c) -> int:
-        return c.kv_heads
+class KVProjection:
+    """A KV cache (kv): keys and values per KV head [B, G, T, K]."""
 
-    def slots(self, i: int, c) -> list[Slot]:
-        G, W = self.heads(c), getattr(c, "window", None)
-        return [Slot(i, "k", G, c.k_dim, window=W), Slot(i, "v", G, c.k_dim, window=W)]
-
-    def describe(self, kind: str, n: int, c, keys: str) -> str:
-        return (f"{kind}: {n} layers x {self.heads(c)} KV heads x (K {c.k_dim} + V "
-                f"{c.k_dim}); {keys}")
-
-    def rotated(self, block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _, k, v = block.project(x)  # rotated keys, [B, G, T, K]
-        return k, v
+    names = ("k", "v")
+    # weights in squared output error per token (train/commands/compress/readout.py)
+    one_scale = True
 
     def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        k_post, v = self.rotated(block, x)
-        k_pre = split_heads(block.k_proj, x, self.heads(block.config))
-        return {(i, "k"): k_pre if target.keys == "pre-rope" else k_post, (i, "v"): v}
+        k, v = block.keys_values(x)  # rotated keys [B, G, T, K], values [B, G, T, V]
+        if target.keys is Keys.PRE_ROPE:
+            k = split_heads(block.k_proj, x, k.shape[1])  # the projection's output
+        return {(i, "k"): k, (i, "v"): v}
 
     def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        """The keys' and values' weights on one scale (train/commands/compress/readout.py): the queries
-        and the attention reading each KV head, and W_O."""
-        c = block.config
-        q, _, v = block.project(x)  # [B, H, T, K], [B, G, T, K]; pair energies ignore RoPE
-        P = block.mixing_matrices(x)  # [B, H, T, T]
-        v_h = v.repeat_interleave(c.n_heads // self.heads(c), dim=1)  # [B, H, T, K]
-        M = head_gram(block.o_proj.weight, c.n_heads)  # [H, K, K]
-        rho, kappa = readout_sensitivity(P, v_h, M)
-        G, scale = self.heads(c), 1 / c.k_dim  # the logits' 1/sqrt(K), squared
-        return {(i, "k"): Weight(query_weight(q, G, target.rope, rho * scale)),
-                (i, "v"): Weight(value_weight(block.o_proj.weight, c.n_heads, G),
-                                 value_spread(kappa, M, G))}
-
-    def project_rotated(self, surgery: Surgery, block, Pk: torch.Tensor) -> None:
-        project = block.project
-        surgery.patch(block, "project", lambda x, offset=0: (
-            lambda q, k, v: (q, project_heads(k, Pk), v))(*project(x, offset)))
+        """The keys' and values' weights on one scale (readout_weights): the queries and
+        the attention reading each KV head, and W_O; none where no one W_O reads the
+        cache (MoE's experts: energy bases)."""
+        read = block.cache_readout(x)
+        if read is None:
+            return {}
+        keys, values = readout_weights(read.queries, read.values, [read.probs], read.w_o,
+                                       read.scale2, read.rope)
+        return {(i, "k"): keys, (i, "v"): values}
 
     def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
         Pk, Pv = P[(i, "k")], P[(i, "v")]
-        if target.keys == "pre-rope" or not target.rope:
+        if target.keys is Keys.PRE_ROPE or not target.rope:
             project_linear(surgery, block.k_proj.weight, block.k_proj.bias, Pk)
         else:
-            self.project_rotated(surgery, block, Pk)
+            surgery.patch(block, "keys_values", _rotated_keys_projected(block.keys_values, Pk))
         project_linear(surgery, block.v_proj.weight, block.v_proj.bias, Pv)
 
     def unsaveable(self, target: ZooTarget) -> str | None:
-        if target.keys == "post-rope" and target.rope:
+        if target.keys is Keys.POST_ROPE and target.rope:
             return "keys after RoPE are projected inside the attention, not through a weight"
         return None
 
 
-class SharedKVCache(KVCache):
-    """moe: one KV head shared by its experts."""
-
-    def heads(self, c) -> int:
-        return 1
-
-    def rotated(self, block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return block.shared_kv(x)  # [B, 1, T, K]
-
-    one_scale = False
-
-    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        return {}  # queries and outputs go through the routed experts: energy bases
-
-    def project_rotated(self, surgery: Surgery, block, Pk: torch.Tensor) -> None:
-        shared = block.shared_kv
-        surgery.patch(block, "shared_kv", lambda x, offset=0: (
-            lambda k, v: (project_heads(k, Pk), v))(*shared(x, offset)))
+def _rotated_keys_projected(keys_values, Pk: torch.Tensor):
+    """A block's keys_values with its rotated keys [B, G, T, K] projected by Pk [G, K, K]."""
+    def projected_keys(x: torch.Tensor, offset: int = 0):
+        k, v = keys_values(x, offset)
+        return project_heads(k, Pk), v
+    return projected_keys
 
 
-class LatentCache:
-    """mla: the latent c [B, 1, T, R]; its RoPE key is cached in full."""
+class LatentProjection:
+    """A latent cache (latent): c [B, 1, T, R] per token; a RoPE key beside it is cached
+    in full."""
 
+    names = ("latent",)
     holds = "latent"
     one_scale = True
 
-    def slots(self, i: int, c) -> list[Slot]:
-        return [Slot(i, "latent", 1, c.latent, fixed_per_token=c.rope_dim)]
-
-    def describe(self, kind: str, n: int, c, keys: str) -> str:
-        return f"mla: {n} layers x latent R {c.latent} (+ RoPE key {c.rope_dim}, kept)"
-
     def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
         return {(i, "latent"): block.latents(x, 0)[0][:, None]}  # [B, 1, T, R]
+
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        """The latent's weight [1, R, R] on the keys' and values' scale: what its nope
+        keys cost through the queries (k_h = W_UK,h c) plus what its values cost through
+        W_O (v_h = W_UV,h c, their fluctuations taken as independent), summed over heads."""
+        read = block.cache_readout(x)
+        keys, values = readout_weights(read.queries, read.values, [read.probs], read.w_o,
+                                       read.scale2, read.rope)  # [H, dn, dn], [H, dv, dv]
+        W_v = values.matrix * values.spread[:, None, None]
+        w_uk, w_uv = (w.cpu() for w in block.absorbed_weights(torch.float64))  # [H, d, R]
+        latent = (torch.einsum("hdr,hde,hes->rs", w_uk, keys.matrix, w_uk)
+                  + torch.einsum("hdr,hde,hes->rs", w_uv, W_v, w_uv))
+        return {(i, "latent"): Weight(latent[None])}
 
     def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
         w = block.kv_up.weight  # [H*(dn+dv), R]: kv_up(P c) = (W P) c
@@ -137,94 +121,40 @@ class LatentCache:
     def unsaveable(self, target: ZooTarget) -> str | None:
         return None
 
-    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        """The latent's weight [1, R, R] on the keys' and values' scale: what its nope
-        keys cost through the queries (k_h = W_UK,h c) plus what its values cost through
-        W_O (v_h = W_UV,h c), summed over heads."""
-        c = block.config
-        q, _, v = block.project(x)  # [B, H, T, dn + dr], [B, H, T, dv]
-        P = block.mixing_matrices(x)  # [B, H, T, T]
-        M = head_gram(block.o_proj.weight, c.n_heads)  # [H, dv, dv]
-        rho, kappa = readout_sensitivity(P, v, M)
-        q_nope = q[..., :c.nope_dim]  # the rope part reads the RoPE key, kept in full
-        W_q = query_weight(q_nope, c.n_heads, False, rho * block.scale ** 2)  # [H, dn, dn]
-        M = M * kappa.mean((0, 2))[:, None, None]  # values' fluctuations, as independent
-        w_uk, w_uv = block.absorbed_weights(torch.float64)  # [H, dn, R], [H, dv, R]
-        w_uk, w_uv = w_uk.cpu(), w_uv.cpu()
-        latent = (torch.einsum("hdr,hde,hes->rs", w_uk, W_q, w_uk)
-                  + torch.einsum("hdr,hde,hes->rs", w_uv, M.cpu(), w_uv))
-        return {(i, "latent"): Weight(latent[None])}
 
-class StateCache:
-    """A recurrent state, projected inside the block's forward pass (no weight to save)."""
+class StateProjection:
+    """A recurrent state (state), projected inside the block's forward pass (no weight to
+    save): its rows per head or group, written by what block.state_rows gives first."""
 
+    names = ("state",)
     holds = "recurrent state"
     one_scale = False  # its rows are weighed by their readout, not yet by W_O: shares
+
+    def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        return {(i, "state"): block.state_rows(x)[0]}  # [B, G, T, N]
+
+    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
+        """The state's rows are read by what state_rows gives second: its second moment
+        per head or group."""
+        reads = block.state_rows(x)[1]  # [B, G, T, N]
+        return {(i, "state"): Weight(query_weight(reads, reads.shape[1], rope=False))}
+
+    def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
+        Ps = P[(i, "state")]
+        surgery.patch(block, "write_rows", lambda rows: project_heads(rows, Ps))
 
     def unsaveable(self, target: ZooTarget) -> str | None:
         return (f"{target.block_kind}'s state is projected inside its forward pass, not "
                 f"through a weight")
 
 
-class LinearState(StateCache):
-    """linear: the state's F feature rows per head, phi(k) [B, H, T, F]."""
+# cache kind (zoo/facts.py CACHE_KINDS) -> how compress reads and projects it
+PROJECTIONS = {"kv": KVProjection(), "latent": LatentProjection(), "state": StateProjection()}
 
 
-    def slots(self, i: int, c) -> list[Slot]:
-        return [Slot(i, "state", c.n_heads, c.f_dim, columns=c.head_dim + int(c.normalize))]
-
-    def describe(self, kind: str, n: int, c, keys: str) -> str:
-        return (f"linear: {n} layers x {c.n_heads} heads x state F {c.f_dim} x "
-                f"{c.head_dim + int(c.normalize)}")
-
-    def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        return {(i, "state"): block.features(x)[1]}  # phi(k) [B, H, T, F]
-
-    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        """The state's rows are read by phi(q): their second moment per head."""
-        phi_q = block.features(x)[0]  # [B, H, T, F]
-        return {(i, "state"): Weight(query_weight(phi_q, phi_q.shape[1], rope=False))}
-
-    def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
-        features, Ps = block.features, P[(i, "state")]
-        surgery.patch(block, "features", lambda x: (
-            lambda q, k, v: (q, project_heads(k, Ps), v))(*features(x)))
-
-
-class SSMState(StateCache):
-    """ssm: the state's N rows per B/C group, B [B, G, T, N]; the conv state kept."""
-
-
-    def slots(self, i: int, c) -> list[Slot]:
-        heads_per_group = c.n_heads // c.n_groups  # B is shared by a group's heads
-        return [Slot(i, "state", c.n_groups, c.d_state, columns=heads_per_group * c.head_dim,
-                     fixed_per_sequence=c.conv_dim * (c.d_conv - 1))]
-
-    def describe(self, kind: str, n: int, c, keys: str) -> str:
-        return (f"ssm: {n} layers x {c.n_groups} groups x state N {c.d_state} (x "
-                f"{c.n_heads // c.n_groups} heads x P {c.head_dim}), conv state kept")
-
-    def activations(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        return {(i, "state"): block.project(x)[4].transpose(1, 2)}  # B [B, G, T, N]
-
-    def weights(self, target: ZooTarget, i: int, block, x: torch.Tensor) -> dict:
-        """The state's rows are read by C: its second moment per B/C group."""
-        C = block.project(x)[5].transpose(1, 2)  # [B, G, T, N]
-        return {(i, "state"): Weight(query_weight(C, C.shape[1], rope=False))}
-
-    def project(self, target: ZooTarget, surgery: Surgery, i: int, block, P: dict) -> None:
-        project, Ps = block.project, P[(i, "state")]
-
-        def ssm_project(x, cache=None, _project=project, _P=Ps):
-            z, xs, dt, A, B, C, conv_state = _project(x, cache)
-            return z, xs, dt, A, project_heads(B, _P, head_dim=-2), C, conv_state
-        surgery.patch(block, "project", ssm_project)
-
-
-# block kind -> how its cache is read and projected
-BLOCKS = {"softmax": KVCache(), "sliding_window": KVCache(), "moe": SharedKVCache(),
-          "mla": LatentCache(), "linear": LinearState(), "ssm": SSMState()}
-FAMILIES = {kind: CACHE_KINDS[kind] for kind in BLOCKS}  # the family table's cache kinds
+def blocks_of_kind(*kinds: str) -> list[str]:
+    """The registered blocks whose cache is of one of `kinds`, in registration order."""
+    return [name for name in zoo.families() if zoo.facts_of(name).cache in kinds]
 
 
 class ZooTarget:
@@ -236,24 +166,35 @@ class ZooTarget:
         self.model = model.eval()
         self.blocks = list(model.blocks)
         kinds = sorted({b.kind for b in self.blocks})
-        if len(kinds) != 1 or kinds[0] not in BLOCKS:
+        known = blocks_of_kind(*PROJECTIONS)
+        if len(kinds) != 1 or kinds[0] not in known:
             raise ValueError(f"compress supports models of one block family among "
-                             f"{', '.join(BLOCKS)}; this one has {', '.join(kinds)}")
+                             f"{', '.join(known)}; this one has {', '.join(kinds)}")
         self.block_kind = kinds[0]
-        self.cache = BLOCKS[self.block_kind]
-        self.family = FAMILIES[self.block_kind]
-        self.rope = self.family == "kv" and bool(self.blocks[0].config.rope)
+        self.cache_kind = zoo.facts_of(self.block_kind).cache
+        self.cache = PROJECTIONS[self.cache_kind]
+        # the document's family: kv for every KV cache, else the block (mla, linear, ssm)
+        self.family = "kv" if self.cache_kind == "kv" else self.block_kind
+        self.rope = self.cache_kind == "kv" and bool(self.blocks[0].config.rope)
         self.keys = self._keys(keys)
-        self.slots = [slot for i, b in enumerate(self.blocks)
-                      for slot in self.cache.slots(i, b.config)]
+        self.slots = [slot_of(i, s) for i, b in enumerate(self.blocks)
+                      for s in self._cache_slots(b)]
 
-    def _keys(self, keys: str) -> str:
-        if self.family == "kv":
+    def _cache_slots(self, block) -> tuple[CacheSlot, ...]:
+        slots = block.cache_slots()
+        if tuple(s.name for s in slots) != self.cache.names:
+            raise ValueError(f"{self.block_kind}.cache_slots() declares "
+                             f"{[s.name for s in slots]}; a {self.cache_kind} cache holds "
+                             f"{list(self.cache.names)}")
+        return slots
+
+    def _keys(self, keys: str) -> Keys | str:
+        if self.cache_kind == "kv":
             return resolve_keys(keys, self.rope, f"the {self.block_kind} block (rope: false)")
         if keys != "auto":
             raise ValueError(f"keys={keys}: only attention with a KV cache has keys to choose "
-                             f"(softmax, sliding_window, moe); {self.block_kind} caches a "
-                             f"{self.cache.holds}")
+                             f"({', '.join(blocks_of_kind('kv'))}); {self.block_kind} caches "
+                             f"a {self.cache.holds}")
         return "auto"
 
     @property
@@ -262,8 +203,9 @@ class ZooTarget:
         return self.cache.unsaveable(self)
 
     def describe(self) -> str:
-        return self.cache.describe(self.block_kind, len(self.blocks), self.blocks[0].config,
-                                   key_label(self.keys, self.rope))
+        text = (f"{self.block_kind}: {len(self.blocks)} layers x "
+                f"{self.blocks[0].describe_cache()}")
+        return text + (f"; {self.keys.label_for(self.rope)}" if self.cache_kind == "kv" else "")
 
     @property
     def one_scale(self) -> bool:
@@ -276,19 +218,10 @@ class ZooTarget:
         """Per slot, what the cache would hold for tokens [B, T]: [B, G, T, K]; the
         weights of the slots that have one, into `weights` when it is a dict; per layer the
         mean squared norm of the residual stream entering it, into `residual`."""
-        inputs: dict[int, torch.Tensor] = {}
-        streams: dict[int, torch.Tensor] = {}
-        handles = [b.register_forward_pre_hook(
-            lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
-            for i, b in enumerate(self.blocks)]
-        handles += [layer.register_forward_pre_hook(
-            lambda m, args, i=i: streams.__setitem__(i, args[0].detach()))
-            for i, layer in enumerate(getattr(self.model, "layers", []))]
-        try:
+        layers = dict(enumerate(getattr(self.model, "layers", [])))
+        with (module_inputs(dict(enumerate(self.blocks))) as inputs,
+              module_inputs(layers) as streams):
             self.model(tokens)
-        finally:
-            for h in handles:
-                h.remove()
         out = {}
         for i, block in enumerate(self.blocks):
             out.update(self.cache.activations(self, i, block, inputs[i].float()))

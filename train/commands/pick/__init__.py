@@ -5,16 +5,16 @@
     doc = pick_document(c)                     # candidates, the families that do not fit
     doc = pick_document(c, runs=["runs/pick"])  # ... with what finished runs measured
 
-For every block family pick sizes the knob that sets what the family caches (the family
-table, train/sizing/families.py: the KV heads G of softmax attention, the window W, the
-feature width K of linear attention, the SSM state N, the MLA latent R; for MoE the number
-of active heads k, which sets its FLOPs) to the largest value whose cache per sequence at
-the target length, over all layers and at the cache dtype, fits the budget (and, when
-given, whose parameters and FLOPs fit theirs). A value whose layer carries nothing across
-the sequence (a window of one key) is no candidate. Each candidate is shown with its
-declared caps, its costs and, from `--runs`, what the runs measured for it; the Pareto
-front of cache bytes against the past->future rank it can carry (and measured accuracy,
-where there is one) is marked.
+For every block family pick sizes the knob that sets what the family caches (the sizing
+the family declares, zoo/facts.py, read through train/sizing/families.py: the KV heads G
+of softmax attention, the window W, the feature width K of linear attention, the SSM
+state N, the MLA latent R; for MoE the number of active heads k, which sets its FLOPs) to
+the largest value whose cache per sequence at the target length, over all layers and at
+the cache dtype, fits the budget (and, when given, whose parameters and FLOPs fit
+theirs). A value whose layer carries nothing across the sequence (a window of one key)
+is no candidate. Each candidate is shown with its declared caps, its costs and, from
+`--runs`, what the runs measured for it; the Pareto front of cache bytes against the
+past->future rank it can carry (and measured accuracy, where there is one) is marked.
 
 Every figure comes from the blocks themselves (train/sizing/costs.py): each setting is
 built on the meta device and its `budget(seq_len)` gives the caps, the parameters, the
@@ -102,7 +102,7 @@ def candidate_row(s: Sized, c: Constraints, ref_layer: int | None) -> dict[str, 
     return {
         "family": s.shape.block, "block": s.shape.block, "label": s.label,
         "kwargs": dict(s.kwargs), "seq_len": c.seq_len,
-        "knob": {"name": s.shape.knob, "symbol": s.shape.family.symbol, "value": s.value,
+        "knob": {"name": s.shape.knob, "symbol": s.shape.sizing.symbol, "value": s.value,
                  "max": s.top, "shown": describe(s.shape.block, cost.config)},
         "limited_by": list(s.limited_by),
         "caps": {"mixing": b.mixing, "logits": b.logits, "value_path": b.value_path,

@@ -5,7 +5,7 @@
     s = size(Shape("sliding_window", (("n_kv_heads", 1),), "MQA"), c)
     s.value, s.cost.cache_bytes, s.limited_by    # 42, 258048, ("cache",)
 
-The knob's values come from the family table (train/sizing/families.py), ascending, and
+The knob's values come from the family's declared sizing (zoo/facts.py), ascending, and
 the costs never shrink along them: the smallest useful value (one whose layer carries
 something across the sequence) is checked against the budgets, then a bisection finds the
 largest value that meets them all. Values a block's config rejects are stepped over.

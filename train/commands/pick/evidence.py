@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...rundir.files import read_yaml
+from ...rundir.layout import VariantFiles
 from ...rundir.lock import in_progress_note
 from ...rundir.read import has_results, is_variant_dir, variant_dirs, variant_report
 from ...sizing.families import resolved
@@ -80,7 +81,7 @@ def run_record(vdir: Path, c: Constraints, notes: list[str]) -> dict | None:
 def target_config(vdir: Path, c: Constraints, notes: list[str]) -> dict | None:
     """The run's config.yaml when it names its block and trained at the target's d_model,
     n_heads and seq_len; else None, with a note saying why."""
-    config_path = vdir / "config.yaml"
+    config_path = VariantFiles(vdir).config
     if not config_path.is_file():
         notes.append(f"{vdir}: no config.yaml, so its block is unknown: ignored")
         return None

@@ -6,8 +6,8 @@ fits.
 
 A candidate is on the front when no other one dominates it: no more cache, no less
 past->future rank carried, and, where runs measured both, no less accuracy (a guess never
-outdoes a measurement). Families are listed by their smallest cache, ties in the family
-table's order (train/sizing/families.py); `rankzoo blocks` orders its presets the same way.
+outdoes a measurement). Families are listed by their smallest cache, ties in the
+registry's order (zoo.families()); `rankzoo blocks` orders its presets the same way.
 """
 
 from __future__ import annotations
@@ -16,19 +16,21 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ...sizing.families import FAMILIES, describe
+import zoo
+
+from ...sizing.families import describe
 from ...sizing.units import format_bytes, format_count
 from .constraints import Constraints, Sized
 
 
 def family_order(pairs: list[tuple[str, int | None]]) -> dict[str, int]:
     """Family -> its place: by the smallest cache among its rows (None last), then in
-    FAMILIES order."""
+    the registry's order."""
     smallest: dict[str, float] = {}
     for family, cache in pairs:
         value = math.inf if cache is None else cache
         smallest[family] = min(smallest.get(family, math.inf), value)
-    names = list(FAMILIES)
+    names = zoo.families()
     ranked = sorted(smallest, key=lambda f: (smallest[f], names.index(f) if f in names
                                              else len(names), f))
     return {f: i for i, f in enumerate(ranked)}

@@ -1,7 +1,7 @@
 """Energy against output-aware bases, side by side, on one model and one split of data.
 
-    python -m benches.train.commands.compress.bench_bases --hf MODEL_DIR --text CALIB --eval-text EVAL \
-        [--seq-len 512] [--calib-size 8] [--eval-size 8] [--ratios 1.14,1.33,2]
+    python -m benches.train.commands.compress.bench_bases --hf MODEL_DIR --text CALIB \
+        --eval-text EVAL [--seq-len 512] [--calib-size 8] [--eval-size 8] [--ratios 1.14,1.33,2]
     python -m benches.train.commands.compress.bench_bases RUN_DIR/<variant> [--ratios ...]
 
 Runs `rankzoo compress` twice, once per kind of basis, with the same calibration and

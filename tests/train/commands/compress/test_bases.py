@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.commands.compress.lowrank import full_ranks, projectors
+from tests.train.commands.compress.test_compress import FAMILIES, tiny, tokens
 from train.commands.compress import CompressOptions
 from train.commands.compress.calibrate import calibrate
+from train.commands.compress.lowrank import full_ranks, projectors
 from train.commands.compress.zoo_surgery import ZooTarget
 from train.lm.decoder import DecoderLM
-
-from tests.train.commands.test_compress import FAMILIES, tiny, tokens
 
 
 def distilled_delta(model: DecoderLM, bases: str, r: int, seed: int) -> float:

@@ -1,9 +1,11 @@
-"""train/commands/compress/lowrank.py: bases from activations, projections, bytes, rank allocation."""
+"""train/commands/compress/lowrank.py: bases from activations, projections, bytes, rank
+allocation."""
 
 import pytest
 import torch
 
 from budgets.advice.kv import kv_option
+from budgets.probe.streams import kv_head_figures
 from train.commands.compress.lowrank import (
     Slot,
     SlotStats,
@@ -18,7 +20,6 @@ from train.commands.compress.lowrank import (
     slot_bytes,
     uniform_ranks,
 )
-from budgets.probe.streams import kv_head_figures
 
 B, G, T, K = 3, 2, 40, 8
 

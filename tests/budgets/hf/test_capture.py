@@ -11,8 +11,15 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
+from budgets.hf.capture import (  # noqa: E402
+    TRANSFORMED_ATTENTION,
+    AttentionCall,
+    attend,
+    capture,
+    transformed,
+    transformers_attention,
+)
 from budgets.hf.probe import probe_hf_model  # noqa: E402
-from budgets.hf.capture import AttentionCall, attend, capture  # noqa: E402
 from budgets.hf.projections import discover  # noqa: E402
 from train.hf.tiny import ATTENTION_TYPES, VOCAB, tiny_model  # noqa: E402
 
@@ -40,6 +47,30 @@ def test_captured_probabilities_and_logits_equal_eager(model):
     torch.testing.assert_close(captured.logits, eager.logits, rtol=0, atol=1e-5)
     for call, P in zip(calls, eager.attentions, strict=True):
         torch.testing.assert_close(call.probs, P, rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_transformed_keys_and_values_reach_the_models_own_attention(model_type):
+    """Passed through unchanged, the logits are the model's; keys zeroed, attention turns
+    uniform; either way the model's implementation and the interface are restored."""
+    model, ids = tiny_model(model_type), _ids()
+    before = model(input_ids=ids).logits
+    seen = []
+
+    def same(module, key, value):
+        seen.append(module)
+        return key, value
+
+    with transformed(model, same, "the test"):
+        kept = model(input_ids=ids).logits
+    torch.testing.assert_close(kept, before, rtol=0, atol=1e-6)
+    assert len(set(seen)) == model.config.num_hidden_layers
+    with transformed(model, lambda module, k, v: (torch.zeros_like(k), v), "the test"):
+        uniform = model(input_ids=ids).logits
+    assert (uniform - before).abs().max() > 1e-3
+    assert model.config._attn_implementation == "eager"
+    assert TRANSFORMED_ATTENTION not in transformers_attention()[0]
 
 
 @torch.no_grad()

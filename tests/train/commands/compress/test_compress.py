@@ -7,26 +7,29 @@ is trained or downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 import budgets
-from train.commands.compress.lowrank import full_ranks, projectors
+import zoo
+from tests.train.conftest import tiny_experiment
 from train.cli import main
 from train.commands.compress import CompressOptions, compress_run
 from train.commands.compress.calibrate import calibrate, disjoint_rows, zoo_data
+from train.commands.compress.lowrank import full_ranks, projectors
 from train.commands.compress.run import load_variant
 from train.commands.compress.save import save_compressed
-from train.commands.compress.zoo_surgery import ZooTarget
+from train.commands.compress.zoo_surgery import PROJECTIONS, ZooTarget
 from train.config import parse_experiment
 from train.data import make_splits
 from train.lm.decoder import DecoderLM, build_model
 from train.rundir.files import write_yaml
 from train.rundir.read import load_run
-
-from tests.train.conftest import tiny_experiment
+from zoo.facts import CACHE_KINDS
+from zoo.registry import register, unregister
 
 VOCAB = 16
 FAMILIES = {
@@ -160,6 +163,33 @@ def test_keys_that_do_not_apply_are_one_line_errors():
         ZooTarget(tiny("softmax", n_heads=2, rope=False), "pre-rope")
     with pytest.raises(ValueError, match="keys=post-rope: only attention with a KV cache"):
         ZooTarget(tiny("linear", n_heads=2), "post-rope")
+
+
+def test_every_cache_kind_has_its_projection():
+    assert set(PROJECTIONS) == set(CACHE_KINDS)
+
+
+@pytest.mark.parametrize("name", ["window", "mla", "ssm"])
+def test_a_new_block_of_a_known_cache_kind_needs_no_edit_in_compress(name):
+    """A user's block (a family's math under facts of its own) is projected by the kind
+    of cache it declares: full rank keeps its logits, rank 1 changes them."""
+    block, kwargs = FAMILIES[name]
+    parent = zoo.block_class(block)
+    facts = dataclasses.replace(parent.facts, mirrors=(), checks=())
+    register("toy")(type("Toy", (parent,), {"facts": facts}))
+    try:
+        model = tiny("toy", **kwargs)
+        target = ZooTarget(model)
+        assert target.block_kind == "toy" and target.cache_kind == parent.facts.cache
+        x = tokens(seed=2)
+        with torch.no_grad():
+            before = model(x)
+        full = projected_logits(target, full_ranks(target.slots), tokens(), x, "output")
+        assert (full - before).abs().max() < 1e-4
+        one = {s.key: [1] * s.heads for s in target.slots}
+        assert (projected_logits(target, one, tokens(), x) - before).abs().max() > 1e-6
+    finally:
+        unregister("toy")
 
 
 # ---------------------------------------------------------------- a finished run

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from budgets.probe.blocks import mixing_figures, mixing_figures_matfree
 from budgets.probe.heads import HEAD_STATS, head_stats, head_stats_operator
 from budgets.rank.matfree import AttentionMixing, CenteredOperator
-from budgets.probe.blocks import mixing_figures, mixing_figures_matfree
 
 T, K = 24, 16
 SINK, LOCAL, UNIFORM, CONTENT = range(4)  # the heads of _qk

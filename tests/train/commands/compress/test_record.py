@@ -14,12 +14,11 @@ import pytest
 import torch
 
 import budgets
+from tests.train.conftest import tiny_experiment, write_run
 from train.cli import main
 from train.lm.decoder import build_model
 from train.rundir.lock import hold_run_dir
 from train.rundir.read import run_config
-
-from tests.train.conftest import tiny_experiment, write_run
 
 FAST = ("--ratios", "2", "--alloc", "uniform", "--calib-size", "4")
 

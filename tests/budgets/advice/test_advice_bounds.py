@@ -11,10 +11,18 @@ import torch
 from torch import nn
 
 from budgets import VerdictThresholds, annotate, build_report, probe_model
-from budgets.advice.annotate import check_advice
+from budgets.advice.annotate import CHECKS
 from budgets.advice.verdicts import is_flat
 
 T, B = 32, 4
+
+
+def violations(report: dict) -> list[str]:
+    """Every advised bound of `report` re-checked as annotate checks an item before it
+    emits it (CHECKS); one line per bound the figures break, [] when all hold."""
+    variants = {v["variant"]: v for v in report["variants"]}
+    return [line for item in report["advice"] if item["kind"] in CHECKS
+            for line in CHECKS[item["kind"]](item, variants[item["variant"]])]
 
 
 def lengths(*per_length):
@@ -82,7 +90,7 @@ def test_a_flat_low_rank_layer_gets_a_fixed_state_with_its_conditions(probed):
                                   "max_observed": max(layer["quantities"]["past_future"][
                                       "rank_eps_max"])}
     assert f"a fixed state of {item['state']}" in item["text"] and "SSM" in item["text"]
-    assert check_advice(report) == []
+    assert violations(report) == []
 
 
 def test_the_bound_is_the_sample_max_not_the_batch_mean(probed):
@@ -144,17 +152,17 @@ def test_no_fixed_state_without_a_decided_flat_low_rank(probed, change):
     assert "cheaper_block" not in kinds(report_of(layer))
 
 
-def test_check_advice_catches_wrong_bounds(probed, fake_layer):
+def test_the_checks_catch_wrong_bounds(probed, fake_layer):
     layer = probed(kv=kv_heads(k=(3, 2), v=(4, 1), k_pre_rope=(1, 2)))
     layer["adapters"] = [{"module": "wq", "adapter": "default", "declared": 8,
                           "metrics": {"rank_eps": 3.0}}]
     report = report_of(layer)
-    assert check_advice(report) == [] and {"cheaper_block", "kv_cache", "lora_rank"} <= set(
+    assert violations(report) == [] and {"cheaper_block", "kv_cache", "lora_rank"} <= set(
         kinds(report))
     the(report, "cheaper_block")["state"] -= 1
     the(report, "kv_cache")["options"]["k_pre_rope"]["rank_k"][1] -= 1
     the(report, "lora_rank")["suggested"] -= 1
-    bad = check_advice(report)
+    bad = violations(report)
     assert len(bad) == 3, bad
     assert any("cheaper_block state 4 < rank 5" in b for b in bad)
     assert any("k_pre_rope rank 1 of KV head 1 < 2" in b for b in bad)
@@ -290,9 +298,9 @@ def test_pooled_ranks_advise_one_shared_basis_counted_as_a_weight(probed):
     summary = the(report, "kv_cache_summary")
     assert summary["cost_model"] == "shared_basis"
     assert "`rankzoo compress RUN_DIR/v --ratios" in summary["text"]  # a run's variant
-    assert check_advice(report) == []
+    assert violations(report) == []
     item["options"]["k"]["rank_v"][0] = 5  # below the pooled 6: the check names it
-    assert any("v rank 5 of KV head 0 < 6" in bad for bad in check_advice(report))
+    assert any("v rank 5 of KV head 0 < 6" in bad for bad in violations(report))
     # a Hugging Face model's advice names the command on that model and its text
     hf = report_of(probed(kv=kv), source={"hf": "models/smol", "text": "calib.txt"})
     assert hf["variants"][0]["probed_from"] == {"hf": "models/smol", "text": "calib.txt"}
@@ -392,7 +400,7 @@ def test_a_real_probe_gives_advice_that_holds():
     if "rank_eps_max" not in probe["layers"][0]["quantities"]["past_future"]:
         pytest.skip("the probe does not record rank_eps_max yet")
     report = build_report({"rope": {"probe": probe, "step": 1, "params": 1}})
-    assert check_advice(report) == []
+    assert violations(report) == []
     bounds = [a for a in report["advice"] if "conditions" in a]
     assert all(a["conditions"]["checked"] for a in bounds)
     assert all(a["conditions"]["seq_len"] == 64 for a in bounds)

@@ -9,6 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
+from tests.train.conftest import tiny_experiment, write_run
 from train.cli import main
 from train.commands.check import (
     attach_checks,
@@ -24,8 +25,6 @@ from train.config import load_experiment, parse_experiment
 from train.experiment.stages import train_experiment
 from train.render.advice import advice_markdown, advice_text
 from train.rundir.read import load_run
-
-from tests.train.conftest import tiny_experiment, write_run
 
 QUIET = Console(quiet=True)
 
@@ -111,7 +110,7 @@ def test_emit_check_writes_a_matched_experiment_and_keeps_what_exists(trained, t
     path = tmp_path / "check.yaml"
     raw = emit_check(report, trained, path)
     exp = load_experiment(path)
-    assert list(exp.variants) == ["mha", "mha.ssm_n3", "mha.linear_f3"]
+    assert list(exp.variants) == ["mha", "mha.linear_f3", "mha.ssm_n3"]  # listing order
     assert exp.variant_config("mha.ssm_n3")["block"]["d_state"] == 3
     assert exp.variant_config("mha.linear_f3")["block"]["feature_dim"] == 3
     assert exp.match.params and exp.data.seq_len == 16 and raw["name"] == "check"
@@ -152,7 +151,7 @@ def test_emitted_check_trains_and_its_report_gives_the_verdict(trained, tmp_path
     checked = load_run(tmp_path / "runs" / "check")
     items = attach_checks(checked, recorded_checks(tmp_path / "runs" / "check"))
     assert [(c["candidate"], c["block"], c["state"]) for c in items] == [
-        ("mha.ssm_n2", "ssm", 2), ("mha.linear_f2", "linear", 2)]
+        ("mha.linear_f2", "linear", 2), ("mha.ssm_n2", "ssm", 2)]
     metrics = {v["variant"]: v["metrics"] for v in checked["variants"]}
     for c in items:  # the verdict, recomputed from the runs' own metrics
         a, b = metrics["mha"], metrics[c["candidate"]]
@@ -187,7 +186,8 @@ def test_a_sweeps_check_is_matched_at_the_same_grid_point(tmp_path):
         variants={"cheap": {"block": "ssm", "d_state": 2, "check": CHECK}},
         sweep={"lr": [0.001, 0.003]}), sweep=True)
     assert recorded_checks(run) == {
-        f"cheap_lr{lr}": {"of": f"mha_lr{lr}", "block": "ssm", "state": 2}
+        f"cheap_lr{lr}": {"of": f"mha_lr{lr}", "block": "ssm", "state": 2,
+                          "advice": "cheaper_block"}
         for lr in ("0.001", "0.003")}
 
 
@@ -215,7 +215,8 @@ def test_a_bad_check_key_is_a_located_config_error(tiny_yaml, capsys, check, mes
 
 def test_only_a_fixed_state_block_checks_cheaper_block_advice(tiny_yaml):
     path = tiny_yaml(variants={"mqa": {"block": "softmax", "n_kv_heads": 1, "check": CHECK}})
-    with pytest.raises(ValueError, match="a softmax block cannot check cheaper_block advice"):
+    with pytest.raises(ValueError, match=r"a softmax block cannot check cheaper_block advice "
+                                         r"\(the blocks that do: linear, ssm\)"):
         load_experiment(path)
 
 

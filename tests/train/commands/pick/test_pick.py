@@ -12,6 +12,7 @@ import json
 import pytest
 import yaml
 
+from tests.train.conftest import write_run
 from train.cli import main
 from train.commands.pick import pick_document
 from train.commands.pick.constraints import Constraints, size
@@ -21,8 +22,6 @@ from train.config import load_experiment
 from train.experiment.plan import plan_document
 from train.sizing.families import Shape
 from train.sizing.units import parse_bytes, parse_count
-
-from tests.train.conftest import write_run
 
 D, H, L, T = 64, 4, 2, 256
 KiB = 1024

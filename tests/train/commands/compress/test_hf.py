@@ -13,11 +13,11 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="compress --hf needs transformers (pip install 'rankzoo[hf]')")
 
-from train.commands.compress.lowrank import projectors  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
 from train.commands.compress.calibrate import calibrate, disjoint_rows, hf_data  # noqa: E402
 from train.commands.compress.hf_surgery import HFTarget  # noqa: E402
+from train.commands.compress.lowrank import projectors  # noqa: E402
 from train.hf import load_model  # noqa: E402
 
 

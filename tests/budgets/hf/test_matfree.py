@@ -13,11 +13,11 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
-import budgets.hf.probe  # noqa: E402
 import budgets.hf.capture  # noqa: E402
+import budgets.hf.probe  # noqa: E402
 import budgets.rank.matfree  # noqa: E402
-from budgets.hf.probe import ProbeProgress, probe_hf_model  # noqa: E402
 from budgets.hf.capture import CAPTURE_ATTENTION  # noqa: E402
+from budgets.hf.probe import ProbeProgress, probe_hf_model  # noqa: E402
 
 B, T, H, G, K, D = 2, 64, 4, 2, 8, 32
 MIXING = ("past_future", "mixing", "mixing_centered")
