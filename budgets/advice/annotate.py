@@ -36,12 +36,18 @@ advice on data-dependent ranks, and one note saying so.
                 variant sums the layers and names the `rankzoo compress` command that
                 checks it (compress_command), or below min_compression becomes a
                 "no_saving" finding.
+  hybrid        per variant where some layers but not all have cheaper_block items
+                (budgets/advice/hybrid.py): those layers swapped for a block with a fixed
+                state of N (the largest of their states), the others kept; with the cache
+                it saves per sequence at T (cache_saved). All layers served: the
+                cheaper_block items stand alone. A hybrid that saves nothing becomes a
+                "hybrid_no_saving" finding.
   lora_rank     per variant with adapters: the largest realized adapter rank vs declared r
                 (an adapter is a weight: its rank_eps is exact, no samples involved).
   collapsed     per collapsed layer (budgets/advice/verdicts.py); a finding, not a bound.
 
-Cuts (a cheaper block, a low-rank cache, a smaller r) are advised only to a run that
-solved its task (`solved`); a run that learned but did not gets one "under_used" finding
+Cuts (a cheaper block, a hybrid, a low-rank cache, a smaller r) are advised only to a run
+that solved its task (`solved`); a run that learned but did not gets one "under_used" finding
 instead. annotate puts advice under "advice" and what advises nothing under "findings".
 """
 
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from .hybrid import hybrid_advice, numbered
 from .kv import ceil_rank, conditions, kv_cache_advice, max_of, rests_on
 from .verdicts import VerdictThresholds, annotate_verdicts, is_flat
 
@@ -206,6 +213,19 @@ def _check_cheaper_block(item: dict, variant: dict) -> list[str]:
             for t, m in sorted(observed.items()) if item["state"] < ceil_rank(m)]
 
 
+def _check_hybrid(item: dict, variant: dict) -> list[str]:
+    """Each swapped layer's state against its observed ranks, and at least one layer kept
+    (a hybrid of every layer is the whole-model cheaper_block advice)."""
+    where = f"{variant['variant']}: hybrid"
+    every = {ly["layer"] for ly in variant["layers"]}
+    bad = [f"{where}: layer {i} is not a layer of the variant" for i in item["layers"]
+           if i not in every]
+    if not every - set(item["layers"]):
+        bad.append(f"{where}: swaps every layer; that is the cheaper_block advice")
+    return bad + [line for i in item["layers"] if i in every
+                  for line in _check_cheaper_block({**item, "layer": i}, variant)]
+
+
 def _check_kv(item: dict, variant: dict) -> list[str]:
     where = f"{variant['variant']} layer {item['layer']}: kv_cache"
     layer = _layer(variant, item["layer"])
@@ -239,8 +259,8 @@ def _check_lora(item: dict, variant: dict) -> list[str]:
 
 # kind -> check(item, variant): one line per bound of the item that the figures break, []
 # when all hold; annotate emits only the items whose check is empty (_verified)
-CHECKS = {"cheaper_block": _check_cheaper_block, "kv_cache": _check_kv,
-          "lora_rank": _check_lora}
+CHECKS = {"cheaper_block": _check_cheaper_block, "hybrid": _check_hybrid,
+          "kv_cache": _check_kv, "lora_rank": _check_lora}
 
 
 # ---------------------------------------------------------------- annotate
@@ -286,7 +306,9 @@ def variant_advice(variant: dict, th: VerdictThresholds) -> tuple[list[dict], bo
     items = collapse_advice(variant)
     lacking = _lacks_maxima(variant)
     if not lacking:
-        items += cheaper_block_advice(variant, th) + kv_cache_advice(variant, th)
+        # the hybrid is built from the checked cheaper_block items only, and follows them
+        cheaper = _verified(cheaper_block_advice(variant, th), variant)
+        items += cheaper + hybrid_advice(variant, cheaper, th) + kv_cache_advice(variant, th)
     items = _verified(items + lora_advice(variant), variant)
     return gate_cuts(items, variant, th), lacking
 
@@ -313,7 +335,7 @@ def solved(variant: dict, th: VerdictThresholds) -> tuple[bool | None, str]:
 
 def _cuts(item: dict) -> bool:
     """Whether an advice item shrinks what the model holds (a state, a cache, an r)."""
-    return (item["kind"] in ("cheaper_block", "kv_cache", "kv_cache_summary")
+    return (item["kind"] in ("cheaper_block", "hybrid", "kv_cache", "kv_cache_summary")
             or (item["kind"] == "lora_rank" and item["suggested"] < item["declared"]))
 
 
@@ -336,6 +358,9 @@ def gate_cuts(items: list[dict], variant: dict, th: VerdictThresholds) -> list[d
 def _cut_name(item: dict) -> str:
     if item["kind"] == "cheaper_block":
         return f"layer {item['layer']} past->future rank <= {item['state']}"
+    if item["kind"] == "hybrid":
+        return f"a hybrid with {numbered('layer', item['layers'])} at a fixed state of " \
+               f"{item['state']}"
     if item["kind"] == "lora_rank":
         return f"adapter rank <= {item['realized']} of r = {item['declared']}"
     return "a low-rank KV cache"

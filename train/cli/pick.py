@@ -48,6 +48,16 @@ def add_parser(sub) -> None:
     k.add_argument("--shortlist", choices=("front", "all"), default="front",
                    help="with --emit: the Pareto front (default) or every candidate")
     k.add_argument("--force", action="store_true", help="with --emit: overwrite FILE")
+    k.add_argument("--hybrids", choices=pick.KEEP, default="best",
+                   help="hybrids (a global layer every N, cheap layers between) to show: "
+                        "those no other hybrid outdoes (best, the default), all that fit, "
+                        "or none")
+    k.add_argument("--global-every", type=positive_int, nargs="+", metavar="N",
+                   help="hybrids' unit lengths: one global layer every N (default: 2 4 6 8, "
+                        "those that divide --n-layers)")
+    k.add_argument("--global-kv-heads", type=positive_int, metavar="G",
+                   help="the hybrids' global softmax layers' key/value heads (default: the "
+                        "GQA preset's G)")
     add_format(k)
 
 
@@ -57,10 +67,11 @@ def cmd_pick(args, out: Console) -> int:
     if args.force and args.emit is None:
         raise ValueError("--force only applies with --emit FILE")
     constraints = _constraints(args)
+    hybrids = _hybrids(args)
     if args.emit is not None and Path(args.emit).exists() and not args.force:
         raise FileExistsError(f"--emit {args.emit}: exists; pass --force to overwrite it "
                               "(nothing was written)")  # before the work, not after it
-    doc = pick.pick_document(constraints, runs=args.runs or ())
+    doc = pick.pick_document(constraints, runs=args.runs or (), hybrids=hybrids)
     print_notes(doc["notes"])
     if args.emit is not None:
         _emit(doc, args, constraints)
@@ -78,6 +89,18 @@ def _constraints(args) -> pick.Constraints:
         flops_budget=(None if args.flops_budget is None
                       else parse_count(args.flops_budget, "--flops-budget")),
         associations=args.associations)
+
+
+def _hybrids(args) -> pick.Hybrids:
+    """The hybrids asked for; their flags without hybrids are an error, not ignored."""
+    if args.hybrids == "none":
+        given = [flag for flag, value in (("--global-every", args.global_every),
+                                          ("--global-kv-heads", args.global_kv_heads))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{given[0]} only applies with hybrids, not --hybrids none")
+    return pick.Hybrids(every=None if args.global_every is None else tuple(args.global_every),
+                        global_kv_heads=args.global_kv_heads, keep=args.hybrids)
 
 
 def _emit(doc: dict, args, constraints: pick.Constraints) -> None:

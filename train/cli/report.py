@@ -19,6 +19,7 @@ from .common import (
     as_flags_error,
     check_plot_dir,
     flag,
+    model_width,
     one_source_error,
     only_with_hf,
     positive_int,
@@ -49,6 +50,7 @@ def add_parser(sub) -> None:
     add_details(r)
     add_plot(r, "PNG figures")
     add_check_flags(r)
+    add_mirror_flags(r)
 
 
 def add_check_flags(r) -> None:
@@ -66,7 +68,31 @@ def add_check_flags(r) -> None:
                         "advice suggests beside it, matched in parameters; `rankzoo report` "
                         "on its run shows the advice verified or refuted")
     r.add_argument("--force", action="store_true",
-                   help="with --emit-check: overwrite an existing FILE")
+                   help="with --emit-check or --emit: overwrite an existing FILE")
+
+
+# --emit's sizes of the mirrored experiment (train/commands/mirror/), only with --emit
+MIRROR_SIZES = ("d_model", "n_heads", "n_layers", "train_seq_len", "window")
+
+
+def add_mirror_flags(r) -> None:
+    """--hf --emit: the model's layer pattern as an experiment, at the sizes given."""
+    r.add_argument("--emit", metavar="FILE",
+                   help="with --hf: write a .yaml experiment that trains the model's layer "
+                        "pattern at --d-model and --n-heads beside each of its kinds in "
+                        "every layer, matched in parameters")
+    r.add_argument("--d-model", type=model_width, metavar="D",
+                   help="with --emit: the experiment's model width (required)")
+    r.add_argument("--n-heads", type=positive_int, metavar="H",
+                   help="with --emit: its query heads (required)")
+    r.add_argument("--n-layers", type=positive_int, metavar="L",
+                   help="with --emit: its layers, whole units of the pattern (default: the "
+                        "model's count, or the nearest multiple of its unit)")
+    r.add_argument("--train-seq-len", type=positive_int, metavar="T",
+                   help="with --emit: its sequence length (default: --seq-len)")
+    r.add_argument("--window", type=positive_int, metavar="W",
+                   help="with --emit: every sliding layer's window (default: the model's "
+                        "own, which must be below T)")
 
 
 # --hf's probe options, parsed from text in check_args so that a bad value reads
@@ -138,8 +164,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for dest in ("compressed", "check", "emit_check"):
         if args.hf is not None and getattr(args, dest):
             p.error(f"{flag(dest)} applies to a run directory, not to --hf")
-    if args.force and not args.emit_check:
-        p.error("--force only applies with --emit-check FILE")
+    check_mirror_args(p, args)
+    if args.force and not args.emit_check and not args.emit:
+        p.error("--force only applies with --emit-check FILE or --hf PATH --emit FILE")
     if args.hf is None and not args.bos:  # the probe batch of a run is its own data
         p.error("--no-bos only applies with --hf PATH")
     for dest in HF_PROBE_OPTIONS:
@@ -149,6 +176,21 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 setattr(args, dest, HF_PROBE_PARSERS.get(dest, str)(text))
             except (ValueError, argparse.ArgumentTypeError) as e:
                 p.error(f"{flag(dest)} {text}: {e}")
+
+
+def check_mirror_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--emit only with --hf, with --d-model and --n-heads; its sizes only with --emit."""
+    if args.emit is not None and args.hf is None:
+        p.error(f"--emit {args.emit} applies to --hf PATH (a run's advice: --emit-check FILE)")
+    for dest in MIRROR_SIZES:
+        if args.emit is None and getattr(args, dest) is not None:
+            p.error(f"{flag(dest)} {getattr(args, dest)} only applies with --emit FILE")
+    if args.emit is not None and (args.d_model is None or args.n_heads is None):
+        p.error(f"--emit {args.emit} needs --d-model D and --n-heads H (the sizes of the "
+                f"experiment it writes)")
+    if args.emit is not None and hasattr(args, "layers"):  # refused before the probe
+        p.error(f"--emit {args.emit} reads the pattern from every layer's kind; drop "
+                f"--layers {args.layers}")
 
 
 # ---------------------------------------------------------------- a run
@@ -252,13 +294,38 @@ def _report_hf(args, out: Console) -> int:
 
     if args.plot:
         check_plot_dir(args.plot)
+    sizes = _mirror_sizes(args)  # None without --emit; checked before the probe
     name, entry = _probe_hf(args)
     report = build_hf_report(name, entry, zoo_blocks=zoo_blocks())
+    if sizes is not None:
+        _emit_mirror(entry, args, sizes)
     if args.plot:
         _plot_hf(name, entry, report, args.plot)
     print_document(report, args.format, out, hf_tables if args.details else hf_answer,
                    hf_report_markdown)
     return 0
+
+
+def _mirror_sizes(args):
+    """--emit's sizes (a MirrorSizes), checked with FILE before the slow probe; None
+    without --emit."""
+    if args.emit is None:
+        return None
+    from ..commands.mirror.emit import MirrorSizes, check_emit
+
+    sizes = MirrorSizes(d_model=args.d_model, n_heads=args.n_heads,
+                        seq_len=args.train_seq_len or args.seq_len, n_layers=args.n_layers,
+                        window=args.window)
+    check_emit(args.emit, sizes, args.force)
+    return sizes
+
+
+def _emit_mirror(entry: dict, args, sizes) -> None:
+    from ..commands.mirror.emit import emit_mirror
+
+    raw, notes = emit_mirror(entry, args.emit, sizes, args.force)
+    print_notes([*notes, f"wrote {args.emit}: {', '.join(raw['variants'])}; train it with "
+                         f"`rankzoo train {args.emit}`"])
 
 
 def hf_tables(report: dict) -> list:

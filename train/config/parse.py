@@ -19,7 +19,7 @@ from zoo.facts import Check
 
 from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
-from .layers import HYBRID, is_hybrid, parse_unit
+from .layers import HYBRID, expand, is_hybrid, parse_unit
 from .sections import DataConfig, TrainConfig, check_data_keys, parse_section
 from .stage_sections import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_name, run_name
 from .targets import linear_names, variant_targets
@@ -114,7 +114,8 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int,
         unit = parse_unit(raw, where, n_layers,
                           lambda at, spec: parse_block(at, spec, defaults, d_model))
         return Variant(name, HYBRID, {}, train=train, unit=unit,
-                       check=parse_variant_check(check, where, HYBRID))
+                       check=parse_variant_check(check, where, HYBRID,
+                                                 [s.block for s in expand(unit, n_layers)]))
     block, kwargs = parse_block(where, raw, defaults, d_model)
     return Variant(name, block, kwargs, train=train,
                    check=parse_variant_check(check, where, block))
@@ -173,21 +174,28 @@ def check_variant_train(train: TrainConfig, variants: dict[str, Variant]) -> Non
 
 
 # `check:` marks a variant trained to check a suggestion the report made for another
-# variant (train/commands/check/): which variant, which advice, the state it named.
-CHECK_KEYS = ("of", "advice", "state")
+# variant (train/commands/check/): which variant, which advice, the state it named, and for
+# a hybrid the layers it swapped.
+CHECK_KEYS = ("of", "advice", "state", "layers")
+# advice whose check swaps some layers only: each swapped layer checks the per-layer advice
+LAYER_ADVICE = {"hybrid": "cheaper_block"}
 
 
 def advice_checks(advice: str | None = None) -> list[tuple[str, Check]]:
     """(block, Check) for each Check a registered family declares (zoo/facts.py), in
     listing order, of `advice` only when given: the blocks whose training checks an
-    advice (a fixed state of N: linear attention's F, an SSM's N)."""
+    advice (a fixed state of N: linear attention's F, an SSM's N). A hybrid's are those of
+    its swapped layers' advice (LAYER_ADVICE)."""
+    advice = LAYER_ADVICE.get(advice, advice)
     return [(name, check) for name in zoo.families() for check in zoo.facts_of(name).checks
             if advice is None or check.advice == advice]
 
 
-def parse_variant_check(raw: Any, where: str, block: str) -> dict[str, Any]:
+def parse_variant_check(raw: Any, where: str, block: str,
+                        layer_blocks: list[str] | None = None) -> dict[str, Any]:
     """A variant's `check:` mapping, each key validated (`of` against the other variants
-    later, in check_variant_checks); {} when absent."""
+    later, in check_variant_checks); {} when absent. `layer_blocks`: a layer pattern's
+    block per layer, against which a hybrid check's `layers` are validated."""
     if raw is None:
         return {}
     where = f"{where}.check"
@@ -197,19 +205,46 @@ def parse_variant_check(raw: Any, where: str, block: str) -> dict[str, Any]:
         if key not in CHECK_KEYS:
             raise unknown_key_error("variant check", f"{where}.{key}",
                                     [f"{where}.{k}" for k in CHECK_KEYS])
-    missing = [k for k in CHECK_KEYS if k not in raw]
+    swaps = isinstance(raw.get("advice"), str) and raw["advice"] in LAYER_ADVICE
+    required = [k for k in CHECK_KEYS if k != "layers" or swaps]
+    missing = [k for k in required if k not in raw]
     require(not missing, f"{where}: missing {', '.join(missing)} (it takes "
-                         f"{', '.join(CHECK_KEYS)})")
+                         f"{', '.join(required)})")
     require(isinstance(raw["of"], str), f"{where}.of must name a variant, got {raw['of']!r}")
     advice = raw["advice"]
-    known = list(dict.fromkeys(check.advice for _, check in advice_checks()))
+    known = [*dict.fromkeys(check.advice for _, check in advice_checks()), *LAYER_ADVICE]
     require(isinstance(advice, str) and advice in known,
             f"{where}.advice must be one of {known}, got {advice!r}")
     positive_int(where, state=raw["state"])
     blocks = list(dict.fromkeys(name for name, _ in advice_checks(advice)))
+    if advice in LAYER_ADVICE:
+        check_swapped_layers(raw["layers"], where, block, layer_blocks or [], blocks)
+        return {**raw, "layers": list(raw["layers"])}
+    require("layers" not in raw, f"{where}.layers: only a check of "
+                                 f"{' or '.join(LAYER_ADVICE)} advice swaps some layers")
     require(block in blocks, f"{where}: a {block} block cannot check {advice} advice (the "
                              f"blocks that do: {', '.join(blocks)})")
     return dict(raw)
+
+
+def check_swapped_layers(layers: Any, where: str, block: str, layer_blocks: list[str],
+                         blocks: list[str]) -> None:
+    """A hybrid check's `layers`: ascending layer indices of a layer-pattern variant, some
+    but not all of its layers, each swapped for one and the same block that checks."""
+    require(block == HYBRID, f"{where}: a hybrid check is a layer pattern (layers: or "
+                             f"pattern: + blocks:), not one {block} block in every layer")
+    n = len(layer_blocks)
+    require(isinstance(layers, list) and bool(layers)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+            and layers == sorted(set(layers)),
+            f"{where}.layers must be a non-empty ascending list of layer indices, got "
+            f"{layers!r}")
+    require(all(0 <= i < n for i in layers) and len(layers) < n,
+            f"{where}.layers {layers}: some but not all of the {n} layers (0 to {n - 1})")
+    swapped = sorted({layer_blocks[i] for i in layers})
+    require(len(swapped) == 1 and swapped[0] in blocks,
+            f"{where}.layers {layers} hold {', '.join(swapped)}: the swapped layers hold one "
+            f"block that checks it ({', '.join(blocks)})")
 
 
 def check_variant_checks(variants: dict[str, Variant]) -> None:

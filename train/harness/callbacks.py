@@ -113,8 +113,10 @@ class RankMonitor(Callback):
         self.scalars = tuple(scalars)
         self.histograms = tuple(histograms or ())
         self.last_step = -1
+        self.labels: list[str] = []  # a hybrid's label per layer (its config's pattern)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        self.labels = list((getattr(pl_module, "config", None) or {}).get("pattern") or [])
         if trainer.is_global_zero:
             _repair_tail(self.out_path)
             steps = read_steps(self.out_path)
@@ -159,6 +161,11 @@ class RankMonitor(Callback):
         self._log(trainer, probe, spectra, step)
         return record
 
+    def _layer_tag(self, i: int) -> str:
+        """`L3`, or for a hybrid's layer `L3.global`: TensorBoard then lists a pattern's
+        kinds apart (a uniform run's tags are as they always were)."""
+        return f"L{i}.{self.labels[i]}" if i < len(self.labels) else f"L{i}"
+
     def _log(self, trainer, probe: dict, spectra: dict, step: int) -> None:
         metrics: dict[str, float] = {}
         for layer in probe["layers"]:
@@ -167,7 +174,7 @@ class RankMonitor(Callback):
                 values = quantities.get(quantity, {}).get(metric)
                 if not values:
                     continue
-                tag = f"rank/L{i}/{quantity}/{metric}"
+                tag = f"rank/{self._layer_tag(i)}/{quantity}/{metric}"
                 if len(values) > 1:
                     for h, v in enumerate(values):
                         metrics[f"{tag}/h{h}"] = v
@@ -181,5 +188,5 @@ class RankMonitor(Callback):
                 for quantity in self.histograms:
                     s = by_quantity.get(quantity)
                     if s is not None and s.numel() and torch.isfinite(s).all():
-                        writer.add_histogram(f"spectrum/L{i}/{quantity}", s.float().flatten(),
-                                             global_step=step)
+                        writer.add_histogram(f"spectrum/{self._layer_tag(i)}/{quantity}",
+                                             s.float().flatten(), global_step=step)

@@ -213,8 +213,8 @@ def blocks_text(config: dict) -> str:
     if "layers" not in config:
         return call(config["block"])
     seen = dict(zip(config["pattern"], config["layers"], strict=True))
-    labels = ", ".join(config["pattern"])
-    return f"layers [{labels}] with " + "; ".join(f"{k} = {call(v)}" for k, v in seen.items())
+    labels = ", ".join(config["pattern"])  # no brackets: rich would read them as markup
+    return f"layers ({labels}) with " + "; ".join(f"{k} = {call(v)}" for k, v in seen.items())
 
 
 def describe(spec: RunSpec, params: int) -> str:

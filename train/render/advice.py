@@ -9,7 +9,8 @@ but advises nothing: no saving at this length, directions under-used by a run th
 not solve its task, growth within a block's own state) follow the advice. A KV item that
 `rankzoo compress` measured ("measured", train/commands/check/measured.py) says the loss
 change at its ratio and the verdict; the verdicts of a check experiment's run
-("advice_checks", train/commands/check/outcome.py) come last.
+("advice_checks", train/commands/check/outcome.py: a whole-model cheaper block, or a
+hybrid with both variants' declared caches) come last.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from .table import Column, TableSpec, fmt, to_markdown, to_rich
 
 TOP_ADVICE = 3
 # the order in which advice items earn a place in the answer: what changes a model first
-PRIORITY = ("cheaper_block", "kv_cache_summary", "lora_rank", "grows_with_t", "collapsed",
+PRIORITY = ("cheaper_block", "hybrid", "kv_cache_summary", "lora_rank", "grows_with_t", "collapsed",
             "no_advice", "kv_cache", "note")
 KEY_METRICS = ("val/accuracy", "val/loss", "probe/loss")
 

@@ -29,6 +29,8 @@ def pick_tables(doc: dict[str, Any]) -> list[Table]:
     if doc["infeasible"]:
         tables.append(infeasible_table(doc["infeasible"]))
     shown = list(dict.fromkeys([r["family"] for r in doc["candidates"]]
+                               + [k["block"] for r in doc["candidates"]
+                                  for k in r.get("layers", ())]
                                + [r["family"] for r in doc["infeasible"]]))
     tables.append(legend_table(shown))
     return tables
@@ -48,21 +50,30 @@ def candidates_table(doc: dict[str, Any]) -> Table:
     for col in cols:
         table.add_column(col, justify="left" if col in LEFT else "right",
                          no_wrap=col in ("family", "knob", f">={c['associations']}"))
-    family = None
+    group = None
     for row in doc["candidates"]:
-        if family is not None and row["family"] != family:
+        if group is not None and group_of(row) != group:
             table.add_section()
-        first = row["family"] != family
-        family = row["family"]
+        first = group_of(row) != group
+        group = group_of(row)
         table.add_row(*candidate_cells(row, first, runs))
     return table
 
 
+def group_of(row: dict[str, Any]) -> str:
+    """A section of the table: a family, or the hybrids of one ratio (`hybrid 5:1`)."""
+    return f"{row['family']} {row['unit']['ratio']}" if "unit" in row else row["family"]
+
+
 def candidate_cells(row: dict[str, Any], first: bool, runs: bool) -> list[str]:
-    """A candidate's cells; its family only on the first row of the family."""
-    p = row["params"]
-    cells = [row["family"] if first else "",
-             row["label"].removeprefix(row["family"]).strip(" ()"), row["knob"]["shown"],
+    """A candidate's cells; its family only on the first row of the family. A hybrid is
+    named by its pattern, its knob the cheap layers' one that was sized."""
+    p, knob = row["params"], row["knob"]
+    if "unit" in row:
+        name, shown = row["pattern"], f"{knob['symbol']}={knob['value']}"
+    else:
+        name, shown = row["label"].removeprefix(row["family"]).strip(" ()"), knob["shown"]
+    cells = [group_of(row) if first else "", name, shown,
              ", ".join(row["limited_by"]), str(row["carried"]), str(row["caps"]["inference"]),
              recall_cell(row), format_count(p["layers"]), fmt(p["d_mlp_matched"], ","),
              format_bytes(row["cache_bytes"]), format_count(row["flops"]["prefill_per_token"]),
@@ -106,7 +117,26 @@ def pick_caption(doc: dict[str, Any]) -> str:
                "(utilization of its cap) at their probe length; @X: measured at another "
                "knob value." if runs else "")
             + " *: on the Pareto front of cache vs p->f"
-            + (" vs measured accuracy." if runs else "."))
+            + (" vs measured accuracy." if runs else ".") + hybrids_caption(doc))
+
+
+def hybrids_caption(doc: dict[str, Any]) -> str:
+    """What the hybrid rows are, and how many of those that fit are shown."""
+    h = doc.get("hybrids") or {}
+    if h.get("keep", "none") == "none":
+        return ""
+    text = (" hybrid N:1: N cheap layers (knob sized to what the global ones leave), then "
+            "one global, repeating; p->f: the largest over its layers; the front compares "
+            "the layers' p->f one by one.")
+    if not h["every"]:
+        return text + (" No hybrid: no unit of 2, 4, 6 or 8 layers divides n_layers "
+                       "(--global-every N sets one).")
+    if not h["fit"]:
+        return text + " No hybrid fits."
+    if h["shown"] < h["fit"]:
+        text += (f" Shown: the {h['shown']} of the {h['fit']} hybrids that fit that no other "
+                 "hybrid outdoes (--hybrids all: every one).")
+    return text
 
 
 def recall_cell(row: dict[str, Any]) -> str:

@@ -82,11 +82,18 @@ def matched_width(cost: Cost, d_model: int, n_layers: int, ref_layer: int | None
                   label: str) -> tuple[int | None, str | None]:
     """(d_mlp, None): the MLP width that gives this setting's layers the reference's
     parameters within 5% (train/sizing/match.py match_d_mlp); (None, why) when none does."""
+    return matched_base_width(n_layers * cost.layer_base, d_model, n_layers, ref_layer, label)
+
+
+def matched_base_width(base: int, d_model: int, n_layers: int, ref_layer: int | None,
+                       label: str) -> tuple[int | None, str | None]:
+    """matched_width of layers whose parameters without their MLPs add up to `base` (a
+    layer pattern's differ from layer to layer)."""
     if ref_layer is None:
         return None, "no reference: multi-head softmax attention cannot be built here"
     L = n_layers
     try:
-        width = match_d_mlp(L * ref_layer, L * cost.layer_base, 2 * d_model * L,
+        width = match_d_mlp(L * ref_layer, base, 2 * d_model * L,
                             MATCH_TOLERANCE, label, floor=mlp_floor(d_model),
                             ref_width=default_d_mlp(d_model, MLP_RATIO, None))
     except ValueError as e:

@@ -56,6 +56,9 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
         raise ValueError(f"{vdir}: name one variant directory, RUN_DIR/<variant>"
                          + (f" (here: {', '.join(names)})" if names else ""))
     config = run_config(vdir)
+    if config.get("layers"):  # the KV advice and the bases are per family, for now
+        raise ValueError(f"{vdir}: a layer pattern ({', '.join(config.get('pattern') or [])}); "
+                         f"compress takes a model of one block family")
     if not config.get("block") or not config.get("data"):
         raise ValueError(f"{vdir}/config.yaml: no block or data section to rebuild the model")
     if config.get("finetune"):

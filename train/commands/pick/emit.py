@@ -5,9 +5,11 @@ experiment `rankzoo train` runs as is.
 
 The experiment is matched in parameters (the candidate with the most parameters first, so
 that every other one's MLP widens to it), on MQAR with the requested associations at the
-target length, so that its runs come back to `rankzoo pick --runs` as evidence. The file is
-YAML in configs/quick.yaml's layout, with a header saying where it came from and what to
-run next; an existing file is kept unless forced.
+target length, so that its runs come back to `rankzoo pick --runs` as evidence. A hybrid
+is a layer-pattern variant (`pattern` + `blocks`, docs/CONFIG.md): its cheap layers, then
+its global one, the unit repeating over model.n_layers. The file is YAML in
+configs/quick.yaml's layout, with a header saying where it came from and what to run
+next; an existing file is kept unless forced.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import yaml
 
 from ...config import parse_experiment
+from ...config.layers import HYBRID
 from ...sizing.costs import MATCH_TOLERANCE, MLP_RATIO
 from ...sizing.units import byte_flag, format_bytes
 
@@ -104,14 +107,21 @@ def emitted_experiment(doc: dict[str, Any], name: str, which: str = "front") -> 
                          f"at most {T // 4} at --seq-len {T}")
     rows = sorted(shortlist(doc, which), key=lambda r: -r["params"]["layers"])
     taken: set[str] = set()
-    variants = {variant_name(r, taken): {"block": r["block"], **{
-        k: v for k, v in r["kwargs"].items() if k != "n_heads"}} for r in rows}
+    variants = {variant_name(r, taken): variant_spec(r) for r in rows}
+    return experiment_sections(name, D, c["n_heads"], c["n_layers"], T, n, variants)
+
+
+def experiment_sections(name: str, D: int, n_heads: int, n_layers: int, T: int, pairs: int,
+                       variants: dict[str, Any]) -> dict[str, Any]:
+    """An emitted experiment's sections around its variants: MQAR with `pairs` key-value
+    pairs at T, parameters matched, and train settings that start the flow at D (a
+    smaller learning rate and bf16 as the model grows), to adjust with overrides."""
     steps = 2000
     return {
-        "name": name, "seed": 0, "data": mqar_data(T, n),
-        "model": {"d_model": D, "n_layers": c["n_layers"], "mlp_ratio": MLP_RATIO},
+        "name": name, "seed": 0, "data": mqar_data(T, pairs),
+        "model": {"d_model": D, "n_layers": n_layers, "mlp_ratio": MLP_RATIO},
         "match": {"params": True, "tolerance": MATCH_TOLERANCE},
-        "block_defaults": {"n_heads": c["n_heads"]},
+        "block_defaults": {"n_heads": n_heads},
         "variants": variants,
         "train": {"max_steps": steps, "lr": 3.0e-3 if D <= 128 else 1.0e-3 if D <= 512
                   else 5.0e-4, "warmup_steps": steps // 20, "accelerator": "auto",
@@ -129,13 +139,39 @@ def shortlist(doc: dict[str, Any], which: str = "front") -> list[dict[str, Any]]
     return [r for r in doc["candidates"] if which == "all" or r["front"]]
 
 
+def variant_spec(row: dict[str, Any]) -> dict[str, Any]:
+    """A candidate as a variant: its block and knobs (n_heads is in block_defaults), or a
+    hybrid's unit as `pattern` + `blocks`, each layer kind named by its block."""
+    def spec(block: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"block": block, **{k: v for k, v in kwargs.items() if k != "n_heads"}}
+
+    if row["family"] != HYBRID:
+        return spec(row["block"], row["kwargs"])
+    cheap, glob = row["layers"]
+    return {"pattern": [cheap["block"]] * (row["unit"]["every"] - 1) + [glob["block"]],
+            "blocks": {k["block"]: spec(k["block"], k["kwargs"]) for k in (cheap, glob)}}
+
+
+def shape_text(block: str, label: str, knob: str) -> str:
+    """`sliding_window mqa w42`: a shape's block, tag and knob."""
+    tag = "" if block in ("ssm", "mla", "moe") else label.removeprefix(
+        block).strip(" ()").lower().replace("gqa g=", "gqa").replace("+", "")
+    return f"{block} {tag} {knob}"
+
+
 def variant_name(row: dict[str, Any], taken: set[str]) -> str:
-    """`sliding_window_mqa_w42`: block, tag and knob, fit for a directory name."""
-    knob = row["knob"]
-    tag = "" if row["block"] in ("ssm", "mla", "moe") else row["label"].removeprefix(
-        row["block"]).strip(" ()").lower().replace("gqa g=", "gqa").replace("+", "")
-    text = f"{row['block']} {tag} {knob['symbol']}{knob['value']}".lower()
-    name = re.sub(r"[^a-z0-9.]+", "_", text).strip("_.")
+    """`sliding_window_mqa_w42`: block, tag and knob, fit for a directory name; a hybrid's
+    `sliding_window_mqa_w512_x5_softmax_g4`, its cheap layers' then its global one's."""
+    knob = f"{row['knob']['symbol']}{row['knob']['value']}"
+    if row["family"] == HYBRID:
+        cheap, glob = row["layers"]
+        groups = glob["kwargs"].get("n_kv_heads")
+        text = (f"{shape_text(cheap['block'], cheap['label'], knob)} "
+                f"x{row['unit']['every'] - 1} {glob['block']}"
+                + ("" if groups is None else f" g{groups}"))
+    else:
+        text = shape_text(row["block"], row["label"], knob)
+    name = re.sub(r"[^a-z0-9.]+", "_", text.lower()).strip("_.")
     unique, i = name, 2
     while unique in taken:
         unique, i = f"{name}_{i}", i + 1
@@ -163,8 +199,9 @@ def experiment_yaml(raw: dict[str, Any], doc: dict[str, Any], path: Path, which:
     by_name = {}
     rows = sorted(shortlist(doc, which), key=lambda r: -r["params"]["layers"])
     for name, row in zip(raw["variants"], rows, strict=True):
-        by_name[name] = (f"# {row['knob']['shown']}: {format_bytes(row['cache_bytes'])} per "
-                         f"sequence, p->f {row['carried']} per head")
+        by_name[name] = (f"# {row.get('pattern', row['knob']['shown'])}: "
+                         f"{format_bytes(row['cache_bytes'])} per sequence, p->f "
+                         f"{row['carried']} per head")
 
     def section(key: str) -> str:
         return yaml.safe_dump({key: raw[key]}, sort_keys=False, default_flow_style=False)
@@ -173,13 +210,21 @@ def experiment_yaml(raw: dict[str, Any], doc: dict[str, Any], path: Path, which:
              f"seed: {raw['seed']}"]
     lines += [section("data").rstrip(), section("model").rstrip(), section("match").rstrip(),
               section("block_defaults").rstrip(), "variants:"]
-    width = max(len(n) for n in raw["variants"])
-    for name, kwargs in raw["variants"].items():
-        flow = yaml.safe_dump(kwargs, default_flow_style=True, sort_keys=False,
-                              width=10 ** 6).strip()
-        lines.append(f"  {name + ':':<{width + 1}} {flow}   {by_name[name]}")
+    width = max((len(n) for n, v in raw["variants"].items() if "pattern" not in v), default=0)
+    for name, spec in raw["variants"].items():
+        if "pattern" in spec:  # a layer pattern: its keys on lines of their own
+            lines.append(f"  {name}:   {by_name[name]}")
+            lines += [f"    {key}: {flow(value)}" for key, value in spec.items()]
+        else:
+            lines.append(f"  {name + ':':<{width + 1}} {flow(spec)}   {by_name[name]}")
     lines += [section("train").rstrip(), section("monitor").rstrip()]
     return "\n".join(lines) + "\n"
+
+
+def flow(value: Any) -> str:
+    """`value` as one line of flow-style YAML."""
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False,
+                          width=10 ** 6).strip()
 
 
 def yaml_header(raw: dict[str, Any], doc: dict[str, Any], path: Path, which: str) -> str:
@@ -199,12 +244,14 @@ def yaml_header(raw: dict[str, Any], doc: dict[str, Any], path: Path, which: str
         "# sweep the lr (configs/sweep.yaml shows how) before reading much into one run.",
         f"#   rankzoo train {path}",
         f"#   rankzoo report {runs_dir}",
-        f"#   {pick_command(c, [runs_dir])}",
+        f"#   {pick_command(c, [runs_dir], doc.get('hybrids'))}",
     ])
 
 
-def pick_command(c: dict[str, Any], runs: Sequence[str] = ()) -> str:
-    """The `rankzoo pick` command line of these constraints."""
+def pick_command(c: dict[str, Any], runs: Sequence[str] = (),
+                 hybrids: dict[str, Any] | None = None) -> str:
+    """The `rankzoo pick` command line of these constraints (and of the hybrids' flags
+    that were asked for)."""
     parts = ["rankzoo pick", f"--d-model {c['d_model']}", f"--n-heads {c['n_heads']}",
              f"--n-layers {c['n_layers']}", f"--seq-len {c['seq_len']}",
              f"--cache-budget {byte_flag(c['cache_budget_bytes'])}",
@@ -213,6 +260,18 @@ def pick_command(c: dict[str, Any], runs: Sequence[str] = ()) -> str:
         parts.append(f"--params-budget {c['params_budget']}")
     if c["flops_budget"] is not None:
         parts.append(f"--flops-budget {c['flops_budget']}")
+    parts += hybrid_flags(hybrids or {})
     if runs:
         parts.append("--runs " + " ".join(runs))
     return " ".join(parts)
+
+
+def hybrid_flags(h: dict[str, Any]) -> list[str]:
+    """The flags of the hybrids a document proposed, where they are not the defaults."""
+    asked = h.get("asked") or {}
+    flags = [] if h.get("keep", "best") == "best" else [f"--hybrids {h['keep']}"]
+    if asked.get("every"):
+        flags.append("--global-every " + " ".join(str(n) for n in asked["every"]))
+    if asked.get("global_kv_heads") is not None:
+        flags.append(f"--global-kv-heads {asked['global_kv_heads']}")
+    return flags

@@ -7,8 +7,11 @@ the candidate it trained.
 
 A run counts for a candidate when it is the same shape (block and fixed settings) with
 the same declared budget at its knob value; measured at another value of that knob it is
-still shown, marked as such. A run trained at another d_model, n_heads or seq_len is left
-out with a note: its figures do not carry over.
+still shown, marked as such. A layer-pattern run counts for a hybrid when its layers are
+the hybrid's unit repeated, its global layers declare the same budget and its cheap
+layers are the same shape (at the hybrid's knob value, or another). A run trained at
+another d_model, n_heads or seq_len is left out with a note: its figures do not carry
+over.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ...config.layers import HYBRID
 from ...rundir.files import read_yaml
 from ...rundir.layout import VariantFiles
 from ...rundir.lock import in_progress_note
 from ...rundir.read import has_results, is_variant_dir, variant_dirs, variant_report
 from ...sizing.families import resolved
 from .constraints import Constraints, Sized
+from .hybrids import Hybrid
 
 
 def read_runs(dirs: Sequence[str | Path], c: Constraints, notes: list[str]) -> list[dict]:
@@ -59,7 +64,9 @@ def run_record(vdir: Path, c: Constraints, notes: list[str]) -> dict | None:
     if config is None:
         return None
     block = dict(config.get("block") or {})
-    name = block.pop("name")
+    name = block.pop("name", HYBRID)
+    layers = [(spec["name"], {k: v for k, v in spec.items() if k != "name"})
+              for spec in config.get("layers") or []]
     variant = variant_report(vdir)["variants"][0]
     metrics = variant.get("metrics", {})
     status = variant.get("status")
@@ -72,6 +79,7 @@ def run_record(vdir: Path, c: Constraints, notes: list[str]) -> dict | None:
     by_kv = {k.rsplit("/kv", 1)[1]: v for k, v in metrics.items()
              if k.startswith("val/accuracy/kv")}
     return {"run": str(vdir), "variant": variant["variant"], "block": name, "kwargs": block,
+            **({"layers": layers} if layers else {}),
             "n_layers": n_layers, "step": variant["step"],
             "state": state,
             "accuracy": metrics.get("val/accuracy"), "accuracy_by_kv": by_kv,
@@ -79,19 +87,21 @@ def run_record(vdir: Path, c: Constraints, notes: list[str]) -> dict | None:
 
 
 def target_config(vdir: Path, c: Constraints, notes: list[str]) -> dict | None:
-    """The run's config.yaml when it names its block and trained at the target's d_model,
-    n_heads and seq_len; else None, with a note saying why."""
+    """The run's config.yaml when it names its block (or, for a layer pattern, each
+    layer's) and trained at the target's d_model, n_heads and seq_len; else None, with a
+    note saying why."""
     config_path = VariantFiles(vdir).config
     if not config_path.is_file():
         notes.append(f"{vdir}: no config.yaml, so its block is unknown: ignored")
         return None
     config = read_yaml(config_path) or {}
-    block = dict(config.get("block") or {})
+    layers = config.get("layers") or []
+    block = dict(config.get("block") or (layers[0] if layers else {}))
     d_model = (config.get("model") or {}).get("d_model")
     seq_len = (config.get("data") or {}).get("seq_len")
     if block.get("name") is None or d_model is None or seq_len is None:
-        notes.append(f"{vdir}: config.yaml lacks block.name, model.d_model or data.seq_len: "
-                     "ignored")
+        notes.append(f"{vdir}: config.yaml lacks block.name (or layers), model.d_model or "
+                     "data.seq_len: ignored")
         return None
     trained = {"d_model": d_model, "n_heads": block.get("n_heads"), "seq_len": seq_len}
     target = {"d_model": c.d_model, "n_heads": c.n_heads, "seq_len": c.seq_len}
@@ -144,22 +154,54 @@ def same_setting(s: Sized, record: dict, c: Constraints) -> int | None:
     return resolved(run.config, s.shape.knob)
 
 
-def join_evidence(pairs: list[tuple[Sized, dict]], records: list[dict], c: Constraints,
-                  notes: list[str]) -> None:
+def same_hybrid(h: Hybrid, record: dict, c: Constraints) -> int | None:
+    """The run's cheap knob value when the run is hybrid `h` at some value of it: its
+    layers are h's unit repeated, its global layers declare h's budget, and its cheap
+    layers are h's cheap shape (same_setting), all alike; else None."""
+    layers, unit = record.get("layers") or [], h.unit()
+    if not layers or len(layers) % len(unit) or any(
+            block != unit[i % len(unit)][0] for i, (block, _) in enumerate(layers)):
+        return None
+    glob = [kw for i, (_, kw) in enumerate(layers) if i % len(unit) == len(unit) - 1]
+    cheap = [kw for i, (_, kw) in enumerate(layers) if i % len(unit) != len(unit) - 1]
+    if any(kw != glob[0] for kw in glob) or any(kw != cheap[0] for kw in cheap):
+        return None
+    try:
+        if c.cost(h.glob.block, glob[0]).budget != h.glob_cost.budget:
+            return None
+    except (ValueError, TypeError):
+        return None
+    return same_setting(h.cheap, {"block": h.cheap.shape.block, "kwargs": cheap[0]}, c)
+
+
+def join_evidence(pairs: list[tuple[Sized | Hybrid, dict]], records: list[dict],
+                  c: Constraints, notes: list[str]) -> None:
     """Each record to the candidate it measured (exactly, or at another value of the same
     knob); the exact ones first, then by distance of the knob."""
+    def knob(s: Sized | Hybrid) -> int:
+        return s.cheap.value if isinstance(s, Hybrid) else s.value
+
     for record in records:
         for s, row in pairs:
-            value = same_setting(s, record, c)
+            value = (same_hybrid(s, record, c) if isinstance(s, Hybrid)
+                     else same_setting(s, record, c))
             if value is not None:
                 row["evidence"].append({**record, "knob_value": value,
-                                        "exact": value == s.value})
+                                        "exact": value == knob(s)})
                 break
         else:
-            settings = ", ".join(f"{k}={v}" for k, v in record["kwargs"].items())
-            notes.append(f"{record['run']}: {record['block']} ({settings}) is none of the "
+            notes.append(f"{record['run']}: {setting_text(record)} is none of the "
                          "candidates' settings: ignored")
     for s, row in pairs:
-        row["evidence"].sort(key=lambda e: (not e["exact"], abs(e["knob_value"] - s.value),
-                                            -(e.get("accuracy") or 0.0)))
+        row["evidence"].sort(key=lambda e, s=s: (not e["exact"], abs(e["knob_value"] - knob(s)),
+                                                 -(e.get("accuracy") or 0.0)))
+
+
+def setting_text(record: dict) -> str:
+    """`linear (feature_map=relu)`; a layer pattern's as `hybrid of ssm, softmax`."""
+    if record.get("layers"):
+        blocks = ", ".join(dict.fromkeys(block for block, _ in record["layers"]))
+        return f"{record['block']} of {blocks}"
+    settings = ", ".join(f"{k}={v}" for k, v in record["kwargs"].items())
+    return f"{record['block']} ({settings})"
 

@@ -199,7 +199,7 @@ def test_a_sweeps_check_is_matched_at_the_same_grid_point(tmp_path):
     ({**CHECK, "of": "cheap"}, "variants.cheap.check.of: 'cheap' is this variant itself"),
     ({**CHECK, "state": 0}, "variants.cheap.check.state must be a positive int, got 0"),
     ({**CHECK, "advice": "kv_cache"}, "variants.cheap.check.advice must be one of "
-                                      "['cheaper_block'], got 'kv_cache'"),
+                                      "['cheaper_block', 'hybrid'], got 'kv_cache'"),
     ({"of": "mha"}, "variants.cheap.check: missing advice, state"),
     ("mha", "variants.cheap.check must be a mapping"),
 ])

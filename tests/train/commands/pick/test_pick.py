@@ -339,5 +339,8 @@ def test_shapes_that_cannot_be_built_are_listed_with_the_reason():
     reasons = {r["label"]: r["reason"] for r in doc["infeasible"]}
     assert "RoPE needs an even head_dim, got 1" in reasons["softmax"]
     assert "RoPE needs an even head_dim, got 1" in reasons["sliding_window (MQA)"]
-    assert {r["family"] for r in doc["candidates"]} == {"linear", "ssm", "mla"}
+    assert {r["family"] for r in doc["candidates"]} - {"hybrid"} == {"linear", "ssm", "mla"}
+    # hybrids only with the global layers that build here: MLA, never softmax
+    globals_ = {r["layers"][1]["block"] for r in doc["candidates"] if r["family"] == "hybrid"}
+    assert globals_ == {"mla"}
     assert all(r["params"]["d_mlp_matched"] is None for r in doc["candidates"])  # no MHA

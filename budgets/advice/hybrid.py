@@ -1,0 +1,114 @@
+"""The hybrid advice: swap for a fixed-state block exactly the layers a fixed state serves,
+keep the others, and say what cache that saves (budgets/advice/annotate.py emits it).
+
+    hybrid_advice(variant, cheaper_block_items, th)   # [] or [one "hybrid" item]
+
+A layer is served by a fixed state of N when it has a cheaper_block item: its past->future
+rank stays <= N and flat at every probe length where N does not bind (annotate.py). When
+some layers of a variant are served and others are not, one block in every layer is the
+wrong change: the others need what they have. The hybrid swaps the served layers, each for
+a block with a fixed state of N (N the largest state advised over them, so one block kind
+serves them all) and keeps the others as they were. When every layer is served, the
+whole-model cheaper_block advice stands and no hybrid is advised.
+
+Its cache, per sequence at the report's T and the report's cache dtype, from the figures
+the report holds (budgets imports no zoo): each layer's declared cache is its budget's
+`cache_elements`; a fixed state of N is counted as linear attention with F = N over the
+layer's output width (the cap of its W_O, min(D, H x V); the value path's where the probe
+has no W_O row): H heads each holding an F x V state, N x H x V elements whatever T. An
+SSM with N = N holds more (its expanded inner width and convolution state); the check run
+states the exact cache of each block it trains (train/commands/check/outcome.py).
+"""
+
+from __future__ import annotations
+
+from .kv import conditions
+from .verdicts import VerdictThresholds
+
+KIND = "hybrid"
+
+
+def numbered(word: str, numbers: list[int]) -> str:
+    """'layer 1' or 'layers 0, 2'."""
+    return f"{word}{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
+
+
+def state_width(layer: dict) -> int | None:
+    """The channels a fixed state is kept for in this layer: its output width (the W_O
+    row's cap), else its value path's; None when the probe has neither row."""
+    caps = {row["axis"]: row["declared"] for row in layer["axes"]}
+    return caps.get("out") or caps.get("value_path") or None
+
+
+def cache_saved(variant: dict, swapped: list[int], state: int,
+                th: VerdictThresholds) -> dict | None:
+    """Bytes per sequence at T: the full model's, the swapped layers' share of it, the
+    fixed states that replace them, the hybrid's, what it saves and the ratio; None
+    when the report declares no cache sizes (a probe without them)."""
+    per_layer = {p["layer"]: p["cache_elements"]
+                 for p in (variant.get("budget") or {}).get("per_layer", [])}
+    b = th.cache_bytes
+    full = sum(per_layer.values()) * b
+    if not full or any(i not in per_layer for i in swapped):
+        return None
+    widths = {ly["layer"]: state_width(ly) for ly in variant["layers"] if ly["layer"] in swapped}
+    out = {"dtype": th.cache_dtype, "bytes_per_element": b, "seq_len": variant["seq_len"],
+           "full_bytes": full, "swapped_bytes": sum(per_layer[i] for i in swapped) * b,
+           "state_elements": None, "state_bytes": None, "hybrid_bytes": None,
+           "saved_bytes": None, "ratio": None}
+    if any(widths.get(i) is None for i in swapped):
+        return out  # the state's size is unknown: the full and swapped bytes still stand
+    elements = [state * widths[i] for i in swapped]
+    hybrid = full - out["swapped_bytes"] + sum(elements) * b
+    return {**out, "state_elements": elements, "state_bytes": sum(elements) * b,
+            "hybrid_bytes": hybrid, "saved_bytes": full - hybrid,
+            "ratio": full / hybrid if hybrid else None}
+
+
+def _cache_text(c: dict | None, swapped: list[int], state: int) -> str:
+    if c is None:
+        return "the report declares no cache sizes, so the saving is not stated"
+    head = (f"cache per sequence at T = {c['seq_len']} in {c['dtype']}: full "
+            f"{c['full_bytes']} B, of which {numbered('layer', swapped)} "
+            f"hold{'s' * (len(swapped) == 1)} {c['swapped_bytes']} B")
+    if c["state_bytes"] is None:
+        return head + "; the size of a fixed state there is unknown (no W_O or value row)"
+    return (head + f"; a fixed state of {state} holds {state} x the layer's output width = "
+            f"{' + '.join(map(str, c['state_elements']))} elements ({c['state_bytes']} B, "
+            f"as linear attention with F = {state}; an SSM's is larger: its inner width and "
+            f"convolution state), whatever T: hybrid {c['hybrid_bytes']} B, "
+            f"{c['saved_bytes']} B saved ({c['ratio']:.2f}x)")
+
+
+def hybrid_advice(variant: dict, items: list[dict], th: VerdictThresholds) -> list[dict]:
+    """One hybrid item when some but not all of the variant's layers have cheaper_block
+    items among `items` (checked ones); [] otherwise. A hybrid that would hold at least
+    the full cache becomes a no_saving finding instead."""
+    served = {it["layer"]: it for it in items
+              if it["kind"] == "cheaper_block" and it["variant"] == variant["variant"]}
+    every = [ly["layer"] for ly in variant["layers"]]
+    if not served or len(served) == len(every):
+        return []
+    swapped, kept = sorted(served), [i for i in every if i not in served]
+    state = max(it["state"] for it in served.values())
+    cache = cache_saved(variant, swapped, state, th)
+    blocks = {ly["layer"]: ly.get("block", "?") for ly in variant["layers"]}
+    name = variant["variant"]
+    text = (f"{name}: {numbered('layer', swapped)} realize{'s' * (len(swapped) == 1)} "
+            f"past->future rank <= {state} at every probed length where a state of {state} "
+            f"does not bind, and {numbered('layer', kept)} "
+            f"do{'es' * (len(kept) == 1)} not: a hybrid with a block of fixed state {state} "
+            f"(linear attention with F = {state}, or an SSM with N = {state}) in "
+            f"{numbered('layer', swapped)}, keeping "
+            + ", ".join(f"{blocks[i]} in layer {i}" for i in kept)
+            + ", caps the same ranks; " + _cache_text(cache, swapped, state))
+    item = {"kind": KIND, "variant": name, "layers": swapped, "kept": kept, "state": state,
+            "cache_saved": cache,
+            "conditions": conditions(variant, max(it["conditions"]["max_observed"]
+                                                  for it in served.values())),
+            "text": text}
+    if cache is not None and cache["saved_bytes"] is not None and cache["saved_bytes"] <= 0:
+        return [{**item, "kind": "finding", "topic": "hybrid_no_saving",
+                 "text": f"{name}: no cache saved by a hybrid at T = {variant['seq_len']}: "
+                         f"{_cache_text(cache, swapped, state)}"}]
+    return [item]
