@@ -33,6 +33,14 @@ def numbered(word: str, numbers: list[int]) -> str:
     return f"{word}{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
 
 
+def kept_text(blocks: dict[int, str], kept: list[int]) -> str:
+    """'sliding_window in layers 0, 1, 2, 4, 5' (one phrase per block kept)."""
+    by_block: dict[str, list[int]] = {}
+    for i in kept:
+        by_block.setdefault(blocks[i], []).append(i)
+    return ", ".join(f"{b} in {numbered('layer', ls)}" for b, ls in by_block.items())
+
+
 def state_width(layer: dict) -> int | None:
     """The channels a fixed state is kept for in this layer: its output width (the W_O
     row's cap), else its value path's; None when the probe has neither row."""
@@ -99,9 +107,8 @@ def hybrid_advice(variant: dict, items: list[dict], th: VerdictThresholds) -> li
             f"does not bind, and {numbered('layer', kept)} "
             f"do{'es' * (len(kept) == 1)} not: a hybrid with a block of fixed state {state} "
             f"(linear attention with F = {state}, or an SSM with N = {state}) in "
-            f"{numbered('layer', swapped)}, keeping "
-            + ", ".join(f"{blocks[i]} in layer {i}" for i in kept)
-            + ", caps the same ranks; " + _cache_text(cache, swapped, state))
+            f"{numbered('layer', swapped)}, keeping {kept_text(blocks, kept)}, caps the same "
+            f"ranks; " + _cache_text(cache, swapped, state))
     item = {"kind": KIND, "variant": name, "layers": swapped, "kept": kept, "state": state,
             "cache_saved": cache,
             "conditions": conditions(variant, max(it["conditions"]["max_observed"]
