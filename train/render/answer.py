@@ -25,7 +25,7 @@ from budgets.cache import KEY_LABEL, CostModel
 from budgets.report.document import PARTS
 
 from .advice import advice_text, check_style
-from .kinds import variant_kinds_spec
+from .kinds import variant_kinds_specs
 from .parts import part_of
 from .table import Column, TableSpec, fmt, to_markdown, to_rich
 
@@ -134,8 +134,7 @@ def _more(report: dict) -> str:
 def render_answer(report: dict, details_hint: str = "") -> Group:
     """The summary table, the top advice, and what the details hold."""
     lines: list = [to_rich(answer_spec(report))]
-    lines += [to_rich(spec) for v in report["variants"]
-              if (spec := variant_kinds_spec(v)) is not None]  # a hybrid's kinds of layer
+    lines += [to_rich(spec) for spec in variant_kinds_specs(report)]  # a hybrid's kinds
     for item in top_advice(report):
         lines.append(Text(f"- {headline(item)}", style="yellow"
                           if item["kind"] == "no_advice" else ""))
@@ -150,8 +149,8 @@ def render_answer(report: dict, details_hint: str = "") -> Group:
 
 def answer_markdown(report: dict) -> str:
     lines = [to_markdown(answer_spec(report)).rstrip("\n"), ""]
-    lines += [to_markdown(spec, level=3).rstrip("\n") + "\n" for v in report["variants"]
-              if (spec := variant_kinds_spec(v)) is not None]
+    lines += [to_markdown(spec, level=3).rstrip("\n") + "\n"
+              for spec in variant_kinds_specs(report)]
     top = top_advice(report)
     if top:
         lines += ["Top advice:", "", *(f"- {headline(a)}" for a in top), ""]

@@ -21,7 +21,7 @@ from .advice import advice_markdown
 from .answer import answer_markdown
 from .heads import heads_markdown, render_heads
 from .hf import hf_markdown
-from .kinds import variant_kinds_spec
+from .kinds import variant_kinds_specs
 from .parts import adapter_notes, budget_legend, parts_markdown, render_part
 from .recall import recall_markdown, recall_view
 from .residual import render_residual, residual_markdown
@@ -44,17 +44,12 @@ def render_table(report: dict) -> Group:
             parts += [Text(f"adapter: {line}") for line in adapter_notes(report)]
     parts.append(Text(budget_legend(report), style="dim"))
     parts.append(render_totals(report))
-    parts += [to_rich(spec, **BOXED) for spec in kind_specs(report)]
+    parts += [to_rich(spec, **BOXED) for spec in variant_kinds_specs(report)]
     parts += [t for t in (render_heads(report), render_residual(report)) if t is not None]
     spaced = [parts[0]]
     for p in parts[1:]:  # a blank line before every section (not inside the status block)
         spaced += [p] if p is parts[1] else [Text(""), p]
     return Group(*spaced)
-
-
-def kind_specs(report: dict) -> list:
-    """The per-kind table of each hybrid variant (none for uniform ones)."""
-    return [spec for v in report["variants"] if (spec := variant_kinds_spec(v)) is not None]
 
 
 def to_markdown(report: dict) -> str:

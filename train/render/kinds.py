@@ -37,7 +37,7 @@ def _cell(rows: dict, quantity: str) -> str:
     return f"{fmt(row['realized_mean'], '.1f')} / {row['declared']}"
 
 
-def _spec(kinds: list[dict], title: str, heading: str) -> TableSpec:
+def _spec(kinds: list[dict], title: str, heading: str, legend: bool = True) -> TableSpec:
     """Per kind: its layers, the zoo block with the same caps, realized / cap per row;
     the columns no kind has are left out."""
     shown = [(q, name) for q, name in KIND_QUANTITIES if any(q in k["rows"] for k in kinds)]
@@ -47,7 +47,7 @@ def _spec(kinds: list[dict], title: str, heading: str) -> TableSpec:
         title=title, heading=heading,
         columns=(Column("kind"), Column("layers"), Column("zoo block"),
                  *(Column(name, numeric=True) for _, name in shown)),
-        rows=rows, legend=LEGEND)
+        rows=rows, legend=LEGEND if legend else "")
 
 
 def kinds_spec(report: dict) -> TableSpec | None:
@@ -58,11 +58,18 @@ def kinds_spec(report: dict) -> TableSpec | None:
     return _spec(kinds, "per kind of layer: realized rank_eps (mean) / cap", "Per kind of layer")
 
 
-def variant_kinds_spec(variant: dict) -> TableSpec | None:
-    """A hybrid variant's per-kind table (its pattern's sub-blocks)."""
+def variant_kinds_spec(variant: dict, legend: bool = True) -> TableSpec | None:
+    """A hybrid variant's per-kind table (its pattern's sub-blocks); `legend`: False for
+    all but the last of several tables, which says it once for all."""
     kinds = variant.get("kinds")
     if not kinds:
         return None
     name = variant["variant"]
     return _spec(kinds, f"{name}: per kind of layer, realized rank_eps (mean) / cap",
-                 f"{name}: per kind of layer")
+                 f"{name}: per kind of layer", legend)
+
+
+def variant_kinds_specs(report: dict) -> list[TableSpec]:
+    """The per-kind table of each hybrid variant of a report, the legend under the last."""
+    hybrids = [v for v in report["variants"] if v.get("kinds")]
+    return [variant_kinds_spec(v, legend=v is hybrids[-1]) for v in hybrids]
