@@ -1,5 +1,7 @@
 """Optimizers: AdamW (default), Muon on hidden weight matrices with AdamW on the rest, Lion.
 
+Muon is train/harness/muon.py's (torch's, orthogonalizing in the device's fast dtype).
+
 Muon plus AdamW is two optimizers. Lightning would need manual optimization for two
 (`automatic_optimization = False`, our own backward, clipping and scheduler stepping);
 instead `Combined` is one `torch.optim.Optimizer` that steps both, so automatic
@@ -15,6 +17,7 @@ import torch
 from torch import nn
 
 from ..lm.decoder import DecoderLM
+from .muon import Muon
 
 
 class Combined(torch.optim.Optimizer):
@@ -81,7 +84,8 @@ def build_optimizer(model: DecoderLM, train: dict[str, Any]) -> torch.optim.Opti
         if not hidden:  # every hidden matrix frozen (a LoRA fine-tune): AdamW on the rest
             return torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
         # match_rms_adamw scales Muon's update to AdamW's RMS, so one lr serves both
-        muon = torch.optim.Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
+        # our Muon: torch's, with Newton-Schulz in fp32 on CPUs that emulate bf16
+        muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
         adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
         return Combined([muon, adamw])
     raise ValueError(f"train.optimizer must be one of adamw, muon, lion; got {name!r}")

@@ -1,0 +1,152 @@
+"""rankzoo's Muon against torch's: the batched orthogonalization, one step, the dtype rule
+and the state dict."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+
+from train.harness import muon as muon_mod
+from train.harness.muon import Muon, ortho_dtype, zeropower_batched
+
+COEFFS = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
+SHAPES = [(256, 64), (64, 256), (64, 64), (64, 64), (256, 64)]  # tall, wide, square, repeats
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    torch.manual_seed(seed)
+    params = [torch.nn.Parameter(torch.randn(*s) * 0.1) for s in SHAPES]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return params
+
+
+def _clone(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    out = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for o, p in zip(out, params, strict=True):
+        o.grad = p.grad.clone()
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 256, 64), (2, 64, 256), (4, 64, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_batched_equals_per_matrix(shape, dtype):
+    torch.manual_seed(0)
+    grads = torch.randn(*shape)
+    batched = zeropower_batched(grads, COEFFS, 5, 1e-7, dtype)
+    single = torch.stack([zeropower_batched(g[None], COEFFS, 5, 1e-7, dtype)[0] for g in grads])
+    atol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(batched, single, rtol=0, atol=atol)
+
+
+def test_bf16_orthogonalization_is_torchs():
+    torch.manual_seed(0)
+    grads = torch.randn(3, 256, 64)
+    ours = zeropower_batched(grads, COEFFS, 5, 1e-7, torch.bfloat16)
+    theirs = torch.stack([_zeropower_via_newtonschulz(g, COEFFS, 5, 1e-7) for g in grads])
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-2)
+
+
+def test_zeropower_batched_names_a_bad_shape():
+    with pytest.raises(ValueError, match=r"\(4, 4\)"):
+        zeropower_batched(torch.randn(4, 4), COEFFS, 5, 1e-7, torch.float32)
+
+
+def _step_both(monkeypatch, native: bool, steps: int = 2):
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: native)
+    theirs, ours = _params(), None
+    ours = _clone(theirs)
+    kw = {"lr": 1e-2, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
+    opt_t, opt_o = torch.optim.Muon(theirs, **kw), Muon(ours, **kw)
+    for _ in range(steps):
+        opt_t.step()
+        opt_o.step()
+    return theirs, ours
+
+
+def test_step_equals_torchs_in_bf16(monkeypatch):
+    # the same dtype as torch's: the same update up to bf16 rounding of batched matmuls
+    theirs, ours = _step_both(monkeypatch, native=True)
+    for t, o in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(o, t, rtol=0, atol=1e-5)
+
+
+def test_step_in_fp32_is_within_bf16_tolerance(monkeypatch):
+    theirs, ours = _step_both(monkeypatch, native=False)
+    for t, o in zip(theirs, ours, strict=True):
+        lr_step = 1e-2 * 0.2 * max(t.shape) ** 0.5  # the adjusted lr: an update's scale
+        assert (o - t).abs().max() < 0.05 * lr_step
+
+
+def test_dtype_follows_detection(monkeypatch):
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    assert ortho_dtype(torch.device("cpu")) == torch.float32
+    assert ortho_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: True)
+    assert ortho_dtype(torch.device("cpu")) == torch.bfloat16
+
+
+def test_step_uses_the_detected_dtype(monkeypatch):
+    seen = []
+    real = muon_mod.zeropower_batched
+
+    def spy(grads, coeffs, steps, eps, dtype):
+        seen.append(dtype)
+        return real(grads, coeffs, steps, eps, dtype)
+
+    monkeypatch.setattr(muon_mod, "zeropower_batched", spy)
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    params = _params()
+    Muon(params, lr=1e-2).step()
+    # one call per distinct shape, all in fp32
+    assert seen == [torch.float32] * len(set(SHAPES))
+
+
+def test_probe_is_cached():
+    assert muon_mod.cpu_bf16_native() is muon_mod.cpu_bf16_native()
+    assert muon_mod.cpu_bf16_native.cache_info().misses <= 1
+
+
+def test_state_dict_round_trips_with_torchs(monkeypatch):
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    params = _params()
+    ours = Muon(params, lr=1e-2, adjust_lr_fn="match_rms_adamw")
+    ours.step()
+    state = ours.state_dict()
+    assert all(set(s) == {"momentum_buffer"} for s in state["state"].values())
+    # into torch's Muon and back: the same keys, the same buffers
+    theirs = torch.optim.Muon(_clone(params), lr=1e-2, adjust_lr_fn="match_rms_adamw")
+    theirs.load_state_dict(state)
+    again = Muon(_clone(params), lr=1e-2, adjust_lr_fn="match_rms_adamw")
+    again.load_state_dict(theirs.state_dict())
+    for key, s in state["state"].items():
+        torch.testing.assert_close(again.state_dict()["state"][key]["momentum_buffer"],
+                                   s["momentum_buffer"], rtol=0, atol=0)
+    assert again.state_dict()["param_groups"] == state["param_groups"]
+
+
+def test_resumed_step_equals_uninterrupted(monkeypatch):
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    straight = _params()
+    opt = Muon(straight, lr=1e-2)
+    opt.step()
+    resumed = _clone(straight)
+    opt2 = Muon(resumed, lr=1e-2)
+    opt2.load_state_dict(opt.state_dict())
+    opt.step()
+    opt2.step()
+    for s, r in zip(straight, resumed, strict=True):  # fp32 matmul: last-bit differences
+        torch.testing.assert_close(r, s, rtol=0, atol=1e-6)
+
+
+def test_forced_dtype_overrides_detection_and_is_not_saved(monkeypatch):
+    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    theirs, ours = _params(), None
+    ours = _clone(theirs)
+    torch.optim.Muon(theirs, lr=1e-2).step()
+    forced = Muon(ours, lr=1e-2, dtype=torch.bfloat16)
+    forced.step()  # bf16 although detection says fp32: torch's update
+    for t, o in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(o, t, rtol=0, atol=1e-5)
+    assert "dtype" not in forced.state_dict()["param_groups"][0]
