@@ -13,12 +13,12 @@ on other CPUs; matrices of one shape go through one batched call.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections import defaultdict
 
 import torch
 from torch import Tensor
-from torch.optim._muon import _adjust_lr
 
 # bf16 counts as native when its matmul is no slower than this times fp32's: emulated
 # bf16 measured 7.8x (Zen 2), native bf16 is at or below fp32's time.
@@ -36,6 +36,27 @@ def _matmul_seconds(dtype: torch.dtype) -> float:
         x @ x
         best = min(best, time.perf_counter() - start)
     return best
+
+
+# torch.optim.Muon's `adjust_lr_fn` rules, (rows A, columns B) -> the lr's factor: the
+# original (Keller Jordan's sqrt(max(1, A/B))) and Moonshot's match to AdamW's update RMS
+LR_RULES = {None: lambda A, B: math.sqrt(max(1, A / B)),
+            "original": lambda A, B: math.sqrt(max(1, A / B)),
+            "match_rms_adamw": lambda A, B: 0.2 * math.sqrt(max(A, B))}
+
+
+def adjusted_lr(lr: float, rule: str | None, shape: torch.Size) -> float:
+    """The learning rate a matrix of `shape` steps with under Muon's `rule` (another rule
+    name leaves it as is, as torch's Muon does)."""
+    return lr * LR_RULES.get(rule, lambda A, B: 1.0)(*shape[:2])
+
+
+def closure_loss(closure):
+    """An optimizer step's closure evaluated with gradients on (None without one)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 @functools.cache
@@ -84,10 +105,7 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             self._step_group(group)
         return loss
@@ -114,7 +132,7 @@ class Muon(torch.optim.Muon):
                                   group["ns_steps"], group["eps"], self._dtype(params[0]))
         lr = float(group["lr"])
         torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        adjusted = _adjust_lr(lr, group["adjust_lr_fn"], params[0].shape)
+        adjusted = adjusted_lr(lr, group["adjust_lr_fn"], params[0].shape)
         torch._foreach_add_(params, list(ortho.to(params[0].dtype).unbind(0)), alpha=-adjusted)
 
     def _dtype(self, p: Tensor) -> torch.dtype:

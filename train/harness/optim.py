@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..lm.decoder import DecoderLM
-from .muon import Muon
+from .muon import Muon, closure_loss
 
 
 class Combined(torch.optim.Optimizer):
@@ -32,10 +32,7 @@ class Combined(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for optimizer in self.optimizers:
             optimizer.step()
         return loss
