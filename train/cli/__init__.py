@@ -1,4 +1,4 @@
-"""The `rankzoo` command: blocks, pick, train, report, compress.
+"""The `rankzoo` command: blocks, pick, train, report, compress, tokenize.
 
 Every verb prints rich tables for people, or with `--format json` exactly one JSON
 document on stdout for programs (progress and notes go to stderr). Bad input ends with a
@@ -6,9 +6,9 @@ one-line `rankzoo: error: ...` on stderr and exit code 2. Lightning is imported 
 `train` (and matplotlib only by `--plot`), so `blocks`, `pick` and `report` start
 fast.
 
-One module per verb (train/cli/blocks.py, pick.py, train.py, report.py, compress.py), each
-with its subparser and its `cmd_<verb>`; what they share is train/cli/common.py. A new verb
-is one new module and one row of COMMANDS.
+One module per verb (train/cli/blocks.py, pick.py, train.py, report.py, compress.py,
+tokenize.py), each with its subparser and its `cmd_<verb>`; what they share is
+train/cli/common.py. A new verb is one new module and one row of COMMANDS.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rich.console import Console
 
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
-from . import blocks, compress, pick, report, train
+from . import blocks, compress, pick, report, tokenize, train
 from .common import BAD_INPUT, console
 
 
@@ -43,6 +43,7 @@ COMMANDS = {
     "train": Verb(train.add_parser, train.cmd_train, take_extra=train.take_overrides),
     "report": Verb(report.add_parser, report.cmd_report, check=report.check_args),
     "compress": Verb(compress.add_parser, compress.cmd_compress),
+    "tokenize": Verb(tokenize.add_parser, tokenize.cmd_tokenize),
 }
 
 

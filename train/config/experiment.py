@@ -9,6 +9,7 @@ from typing import Any
 
 from zoo.config import StrictConfig
 
+from ..lm.decoder import mlp_width
 from .layers import LayerSpec, expand, unit_to_dict
 from .sections import DataConfig, MatchConfig, ModelConfig, MonitorConfig, TrainConfig
 from .stage_sections import FinetuneConfig, SweepConfig
@@ -33,6 +34,9 @@ class Variant:
     # report made for variant `of`; `rankzoo report` reads it back from config.yaml
     check: dict[str, Any] = field(default_factory=dict)
     unit: tuple[LayerSpec, ...] = ()  # a layer pattern's repeating unit; () for one block
+    # this variant's own model settings over the model section's (parse.py
+    # VARIANT_MODEL_KEYS: its MLP's kind, e.g. {"mlp": "swiglu"})
+    model: dict[str, Any] = field(default_factory=dict)
 
     def layer_specs(self, n_layers: int) -> list[LayerSpec]:
         """One spec per layer: the unit repeated, or the one block in every layer."""
@@ -45,6 +49,7 @@ class Variant:
                                                             **self.block_kwargs}
         return {**blocks,
                 **({"train": dict(self.train)} if self.train else {}),
+                **({"model": dict(self.model)} if self.model else {}),
                 **({"check": dict(self.check)} if self.check else {})}
 
 
@@ -91,9 +96,12 @@ class Experiment:
     def variant_config(self, variant: str) -> dict[str, Any]:
         """Everything one variant's run depends on, as a plain nested dict."""
         v = self.variants[variant]
-        model = self.model.to_dict()
+        model = {**self.model.to_dict(), **v.model}
         if variant in self.d_mlp:
             model["d_mlp"] = self.d_mlp[variant]
+        elif model["mlp"] != "gelu" and model["d_mlp"] is None:
+            # written out: a reader that sizes the MLP from mlp_ratio alone sizes GELU's
+            model["d_mlp"] = mlp_width(model["d_model"], model["mlp_ratio"], None, model["mlp"])
         train = {**self.train.to_dict(), **v.train,
                  **{k: v.point[k] for k in ("optimizer", "lr") if k in v.point}}
         config = {

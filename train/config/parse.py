@@ -20,7 +20,7 @@ from zoo.facts import Check
 from ..sizing.match import matched_states, matched_widths
 from .experiment import SECTIONS, Experiment, Variant
 from .layers import HYBRID, expand, is_hybrid, parse_unit
-from .sections import DataConfig, TrainConfig, check_data_keys, parse_section
+from .sections import DataConfig, TrainConfig, check_data_keys, check_mlp, parse_section
 from .stage_sections import FINETUNE_KEYS, FinetuneConfig, SweepConfig, lora_name, run_name
 from .targets import linear_names, variant_targets
 
@@ -109,15 +109,16 @@ def parse_variant(name: Any, raw: Any, defaults: dict[str, Any], d_model: int,
             f"{where} must be a mapping with at least 'block', got {raw!r}")
     raw = dict(raw)
     train = parse_variant_train(raw.pop("train", None), where)
+    model = parse_variant_model(raw.pop("model", None), where)
     check = raw.pop("check", None)  # a record of the run, not a block setting
     if is_hybrid(raw):
         unit = parse_unit(raw, where, n_layers,
                           lambda at, spec: parse_block(at, spec, defaults, d_model))
-        return Variant(name, HYBRID, {}, train=train, unit=unit,
+        return Variant(name, HYBRID, {}, train=train, unit=unit, model=model,
                        check=parse_variant_check(check, where, HYBRID,
                                                  [s.block for s in expand(unit, n_layers)]))
     block, kwargs = parse_block(where, raw, defaults, d_model)
-    return Variant(name, block, kwargs, train=train,
+    return Variant(name, block, kwargs, train=train, model=model,
                    check=parse_variant_check(check, where, block))
 
 
@@ -160,6 +161,23 @@ def parse_variant_train(raw: Any, where: str) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(VARIANT_TRAIN_KEYS))
     require(not unknown, f"{where}.train: {unknown} cannot differ between variants; a "
                          f"variant sets only {', '.join(VARIANT_TRAIN_KEYS)}")
+    return dict(raw)
+
+
+# what a variant may set for itself under `model:`: the MLP's kind (the matched width
+# follows it); the sizes stay the experiment's
+VARIANT_MODEL_KEYS = ("mlp",)
+
+
+def parse_variant_model(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    require(isinstance(raw, dict), f"{where}.model must be a mapping of "
+                                   f"{', '.join(VARIANT_MODEL_KEYS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(VARIANT_MODEL_KEYS))
+    require(not unknown, f"{where}.model: {unknown} cannot differ between variants; a "
+                         f"variant sets only {', '.join(VARIANT_MODEL_KEYS)}")
+    check_mlp(f"{where}.model.mlp", raw.get("mlp", "gelu"))
     return dict(raw)
 
 
@@ -305,7 +323,8 @@ def match_widths(sections: dict[str, Any], variants: dict[str, Variant],
     blocks = {n: [(s.block, s.kwargs) for s in v.layer_specs(model.n_layers)] if v.unit
               else (v.block, {**v.block_kwargs, **state.get(n, {})})
               for n, v in variants.items()}
-    return matched_widths(sizes, blocks, sections["match"].tolerance)
+    mlps = {n: v.model["mlp"] for n, v in variants.items() if "mlp" in v.model}
+    return matched_widths(sizes, blocks, sections["match"].tolerance, mlps)
 
 
 # ---------------------------------------------------------------- the finetune section

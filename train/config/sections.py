@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 from zoo.config import StrictConfig, require, seed_value, unknown_key_error
 
-from ..data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec
-from ..lm.decoder import NORMS
+from ..data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec, TokensSpec, tokenizer_vocab_size
+from ..lm.decoder import MLPS, NORMS
 
 OPTIMIZERS = ("adamw", "muon", "lion")
 MAX_LAYERS = 1024  # deeper than any trained decoder; bounds what a dry run builds
@@ -35,10 +35,18 @@ TASK_KEYS = {
     "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs",
              "train_kv_pairs", "permute_seed"),
     "markov": ("vocab_size", "rank", "temperature"),
-    "text": ("paths", "max_bytes", "val_fraction", "pattern"),
+    "text": ("paths", "max_bytes", "val_fraction", "pattern", "tokenizer"),
+    "tokens": ("paths", "val_paths", "val_fraction", "pattern", "format", "vocab_size",
+               "tokenizer"),
 }
 TASKS = tuple(TASK_KEYS)
-DEFAULT_VOCAB = {"mqar": 128, "markov": 64, "text": BYTE_VOCAB}
+DEFAULT_VOCAB = {"mqar": 128, "markov": 64, "text": BYTE_VOCAB}  # tokens: none, it is asked
+# keys a task reads only beside data.tokenizer: bytes have 256 ids, a tokenizer sets its own
+WITH_TOKENIZER = {"text": ("vocab_size",)}
+# optional keys left out of a resolved config while unset, so that it stays as it was
+# before they existed
+UNSET_LEFT_OUT = ("val_kv_pairs", "train_kv_pairs", "permute_seed", "tokenizer", "val_paths",
+                  "pattern", "val_fraction")
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class DataConfig(StrictConfig):
     owner: ClassVar[str] = "data"
 
     task: str = "mqar"
-    vocab_size: int | None = None  # mqar 128, markov 64; text is bytes (256, not settable)
+    vocab_size: int | None = None  # mqar 128, markov 64; text: bytes (256) or its tokenizer's
     seq_len: int = 64
     num_kv_pairs: int = 8
     train_size: int = 20000
@@ -59,15 +67,17 @@ class DataConfig(StrictConfig):
     permute_seed: int | None = None  # mqar: relabel tokens by a seeded permutation (new vocab)
     rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
     temperature: float = 1.0  # markov: logits are (A B^T) / temperature
-    paths: list | None = None  # text: files, directories, globs, or "stdlib"
+    paths: list | None = None  # text: files, directories, globs, "stdlib"; tokens: shards
     max_bytes: int = 2_000_000  # text: read at most this many bytes in all
-    val_fraction: float = 0.1  # text: the last fraction of the bytes is validation
-    pattern: str = "*"  # text: files taken from a named directory
+    val_fraction: float | None = None  # text, tokens: the last fraction validates (0.1)
+    pattern: str | None = None  # text ("*"), tokens (.bin, .npy): files taken from a directory
+    tokenizer: str | None = None  # text, tokens: a tokenizer.json, a model directory, bpe:N
+    val_paths: list | None = None  # tokens: the validation shards (else the last fraction)
+    format: str = "auto"  # tokens: auto | bin | modded | npy (train/data/shards.py)
 
     def validate(self) -> None:
         require(self.task in TASKS, f"data.task must be one of {list(TASKS)}, got {self.task!r}")
-        if self.vocab_size is None:  # frozen: the task's default is resolved once, here
-            object.__setattr__(self, "vocab_size", DEFAULT_VOCAB[self.task])
+        self._resolve_defaults()
         greater_than_zero("data", train_size=self.train_size, val_size=self.val_size,
                           batch_size=self.batch_size, seq_len=self.seq_len)
         require(self.vocab_size <= MAX_VOCAB,
@@ -80,14 +90,40 @@ class DataConfig(StrictConfig):
                     f"data.{split}_size ({size}) must be >= the number of "
                     f"data.{split}_kv_pairs values ({pairs})")
 
-    def spec(self) -> MQARSpec | MarkovSpec | TextSpec:
-        """The task's own validated spec (MQARSpec, MarkovSpec or TextSpec)."""
-        if self.task == "markov":
-            return MarkovSpec(self.vocab_size, self.seq_len, self.rank, self.temperature)
-        if self.task == "text":
-            return TextSpec(tuple(self.paths or ()), self.seq_len, self.max_bytes,
-                            self.val_fraction, self.pattern)
-        return self.mqar_spec()
+    def _resolve_defaults(self) -> None:
+        """The defaults that depend on the task or the tokenizer, resolved once, here (the
+        config is frozen): the vocabulary, text's pattern and validation fraction."""
+        resolve = object.__setattr__
+        require(self.val_paths is None or self.val_fraction is None,
+                "data.val_paths and data.val_fraction both set: validation is the named "
+                "shards or the last fraction of data.paths, not both")
+        if self.task in ("text", "tokens") and self.val_fraction is None and not self.val_paths:
+            resolve(self, "val_fraction", 0.1)
+        if self.task == "text" and self.pattern is None:
+            resolve(self, "pattern", "*")
+        require(self.tokenizer is None or isinstance(self.tokenizer, str) and self.tokenizer,
+                f"data.tokenizer must be a path or bpe:N, got {self.tokenizer!r}")
+        resolve(self, "vocab_size", self._vocab())
+
+    def _vocab(self) -> int:
+        """data.vocab_size, else the tokenizer's vocabulary, else the task's default; one
+        smaller than the tokenizer's is an error naming both."""
+        tokenizer = None if self.tokenizer is None else tokenizer_vocab_size(self.tokenizer)
+        if self.vocab_size is None:
+            require(tokenizer is not None or self.task in DEFAULT_VOCAB,
+                    f"data.vocab_size is missing: task {self.task} needs the vocabulary its "
+                    f"token ids index (shards do not record it); set data.vocab_size, or "
+                    f"data.tokenizer to take its vocabulary")
+            return tokenizer if tokenizer is not None else DEFAULT_VOCAB[self.task]
+        require(tokenizer is None or self.vocab_size >= tokenizer,
+                f"data.vocab_size {self.vocab_size} is smaller than the vocabulary of "
+                f"data.tokenizer {self.tokenizer!r} ({tokenizer} tokens): set data.vocab_size "
+                f">= {tokenizer}, or leave it out to take the tokenizer's")
+        return self.vocab_size
+
+    def spec(self) -> MQARSpec | MarkovSpec | TextSpec | TokensSpec:
+        """The task's own validated spec (MQARSpec, MarkovSpec, TextSpec or TokensSpec)."""
+        return SPECS[self.task](self)
 
     def mqar_spec(self) -> MQARSpec:
         def counts(pairs):
@@ -110,12 +146,37 @@ class DataConfig(StrictConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys this task reads (so a resolved config loads back)."""
-        keys = (*COMMON_DATA_KEYS, *TASK_KEYS[self.task])
+        keys = task_keys(self.task, self.tokenizer is not None)
         out = {k: getattr(self, k) for k in keys}
-        for key in ("val_kv_pairs", "train_kv_pairs", "permute_seed"):
+        for key in UNSET_LEFT_OUT:
             if out.get(key, 0) is None:  # unset: resolved configs stay as they were
                 del out[key]
         return out
+
+
+def _text_spec(data: DataConfig) -> TextSpec:
+    return TextSpec(tuple(data.paths or ()), data.seq_len, data.max_bytes, data.val_fraction,
+                    data.pattern, data.tokenizer)
+
+
+def _tokens_spec(data: DataConfig) -> TokensSpec:
+    return TokensSpec(tuple(data.paths or ()), data.seq_len, data.vocab_size,
+                      None if data.val_paths is None else tuple(data.val_paths),
+                      data.val_fraction, data.pattern, data.format)
+
+
+SPECS = {
+    "mqar": DataConfig.mqar_spec,
+    "markov": lambda d: MarkovSpec(d.vocab_size, d.seq_len, d.rank, d.temperature),
+    "text": _text_spec,
+    "tokens": _tokens_spec,
+}
+
+
+def task_keys(task: str, tokenizer: bool) -> list[str]:
+    """The data keys task `task` reads (with data.tokenizer set, when `tokenizer`)."""
+    extra = WITH_TOKENIZER.get(task, ()) if tokenizer else ()
+    return [*COMMON_DATA_KEYS, *TASK_KEYS[task], *extra]
 
 
 def check_data_keys(raw: dict[str, Any]) -> None:
@@ -123,7 +184,7 @@ def check_data_keys(raw: dict[str, Any]) -> None:
     task = raw.get("task", "mqar")
     if not isinstance(task, str) or task not in TASK_KEYS:
         return  # DataConfig names the bad task (a list would not even hash)
-    allowed = [*COMMON_DATA_KEYS, *TASK_KEYS[task]]
+    allowed = task_keys(task, raw.get("tokenizer") is not None)
     for key in raw:
         if key not in allowed:
             raise unknown_key_error(f"{task} data", f"data.{key}",
@@ -159,11 +220,13 @@ class ModelConfig(StrictConfig):
     d_mlp: int | None = None  # overrides mlp_ratio when set
     norm: str = "rmsnorm"
     tie_embeddings: bool = False
+    mlp: str = "gelu"  # gelu (2 matrices) | swiglu (3; at a ratio, 2/3 of gelu's width)
 
     def validate(self) -> None:
         greater_than_zero("model", d_model=self.d_model, n_layers=self.n_layers,
                           mlp_ratio=self.mlp_ratio, d_mlp=self.d_mlp)
         require(self.norm in NORMS, f"model.norm must be one of {list(NORMS)}, got {self.norm!r}")
+        check_mlp("model.mlp", self.mlp)
         # every layer is built (on the meta device) to count and match parameters: a few
         # seconds at this bound, minutes and gigabytes at 100000
         require(self.n_layers <= MAX_LAYERS,
@@ -173,6 +236,11 @@ class ModelConfig(StrictConfig):
         d_mlp = self.d_mlp if self.d_mlp is not None else self.mlp_ratio * self.d_model
         require(d_mlp <= MAX_MLP, f"model's MLP width must be <= {MAX_MLP}, got {d_mlp:g} "
                                   f"(model.d_mlp, or model.mlp_ratio x model.d_model)")
+
+
+def check_mlp(where: str, mlp: Any) -> None:
+    require(isinstance(mlp, str) and mlp in MLPS,
+            f"{where} must be one of {list(MLPS)}, got {mlp!r}")
 
 
 # What Lightning's Trainer accepts (tests/train/harness/test_settings.py checks these against its

@@ -12,6 +12,7 @@ from .conventions import VAL_SEED_OFFSET
 from .markov import MarkovSpec, make_markov
 from .mqar import MQARSpec, make_mqar_mix, make_mqar_val
 from .text import TextSpec, text_splits
+from .tokens import TokensSpec, tokens_splits
 
 
 def mqar_loaders(spec: MQARSpec, train_size: int, val_size: int, batch_size: int,
@@ -20,16 +21,25 @@ def mqar_loaders(spec: MQARSpec, train_size: int, val_size: int, batch_size: int
     return make_loaders(spec, train_size, val_size, batch_size, seed)
 
 
+def _markov_splits(spec: MarkovSpec, train_size: int, val_size: int, seed: int):
+    return (make_markov(spec, train_size, seed),
+            make_markov(spec, val_size, seed + VAL_SEED_OFFSET, transition_seed=seed))
+
+
+def _mqar_splits(spec: MQARSpec, train_size: int, val_size: int, seed: int):
+    return (make_mqar_mix(spec, spec.fit_kv_pairs, train_size, seed),
+            make_mqar_val(spec, val_size, seed + VAL_SEED_OFFSET))
+
+
+# each task's spec -> its splits (spec, train_size, val_size, seed) -> (train, validation)
+SPLITS = {MQARSpec: _mqar_splits, MarkovSpec: _markov_splits, TextSpec: text_splits,
+          TokensSpec: tokens_splits}
+
+
 def make_splits(spec, train_size: int, val_size: int,
                 seed: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """(tokens, labels) of the train and validation splits of any task's spec."""
-    if isinstance(spec, MarkovSpec):
-        return (make_markov(spec, train_size, seed),
-                make_markov(spec, val_size, seed + VAL_SEED_OFFSET, transition_seed=seed))
-    if isinstance(spec, TextSpec):
-        return text_splits(spec, train_size, val_size, seed)
-    return (make_mqar_mix(spec, spec.fit_kv_pairs, train_size, seed),
-            make_mqar_val(spec, val_size, seed + VAL_SEED_OFFSET))
+    return SPLITS[type(spec)](spec, train_size, val_size, seed)
 
 
 def make_loaders(spec, train_size: int, val_size: int, batch_size: int,

@@ -1,14 +1,18 @@
 """A small decoder-only language model whose token mixer is any zoo block.
 
-Reading order: Norm, MLP, Layer (pre-norm residual: norm -> block -> add, norm -> MLP -> add),
-DecoderLM (embedding, n_layers x Layer, final norm, LM head), build_model (a DecoderLM from
-a resolved run config).
+Reading order: Norm, the MLPs (GELU, SwiGLU), Layer (pre-norm residual: norm -> block -> add,
+norm -> MLP -> add), DecoderLM (embedding, n_layers x Layer, final norm, LM head),
+build_model (a DecoderLM from a resolved run config).
 
 Each layer has its own block: one block for every layer (`block`, `block_kwargs`), or a
 layer pattern (`layers`, one (name, kwargs) per layer: Gemma 3's five windowed layers to one
 global, a Mamba-2 stack with a few attention layers). Decoding keeps one cache per layer,
 each of its block's own type (`init_cache`), so a prefill followed by one-token steps
 equals the parallel forward for hybrids too.
+
+MLPs (`mlp`): "gelu", GPT-2's two matrices, the default; "swiglu", LLaMA's three (a gate,
+an up and a down projection). Left to `mlp_ratio`, SwiGLU's hidden width is 2/3 of GELU's
+(LLaMA's rule), so both have the same parameters at the same ratio (`mlp_width`).
 
 Weight init: the MLP and the LM head as in GPT-2/nanoGPT (N(0, 0.02), the MLP's output
 projection scaled by 1/sqrt(2 * n_layers) because each layer adds into the residual stream
@@ -45,6 +49,8 @@ def make_norm(kind: str, d_model: int) -> nn.Module:
 
 
 class MLP(nn.Module):
+    """GPT-2's MLP: down(gelu(up(x)))."""
+
     def __init__(self, d_model: int, d_mlp: int):
         super().__init__()
         self.up = nn.Linear(d_model, d_mlp, bias=False)
@@ -54,15 +60,56 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))  # [B, T, D]
 
 
+class SwiGLU(nn.Module):
+    """LLaMA's gated MLP: down(silu(gate(x)) * up(x)), three matrices."""
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_mlp, bias=False)
+        self.up = nn.Linear(d_model, d_mlp, bias=False)
+        self.down = nn.Linear(d_mlp, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, T, D]
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # [B, T, D]
+
+
+# model.mlp -> (the module, its d_model x d_mlp matrices, its width per mlp_ratio x d_model):
+# at the same ratio SwiGLU's 3 x 2/3 matrices hold GELU's 2 x 1 parameters
+MLPS: dict[str, tuple[type[nn.Module], int, float]] = {
+    "gelu": (MLP, 2, 1.0),
+    "swiglu": (SwiGLU, 3, 2 / 3),
+}
+
+
+def mlp_kind(mlp: str) -> tuple[type[nn.Module], int, float]:
+    if mlp not in MLPS:
+        raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
+    return MLPS[mlp]
+
+
+def mlp_width(d_model: int, mlp_ratio: float, d_mlp: int | None, mlp: str = "gelu") -> int:
+    """The MLP's hidden width: d_mlp when set, else mlp_ratio x d_model scaled by the
+    kind's rule (SwiGLU: 2/3 of it)."""
+    if d_mlp is not None:
+        return d_mlp
+    return max(1, round(mlp_ratio * d_model * mlp_kind(mlp)[2]))
+
+
+def mlp_matrices(mlp: str) -> int:
+    """The d_model x d_mlp matrices one layer's MLP holds: its parameters per unit of width."""
+    return mlp_kind(mlp)[1]
+
+
 class Layer(nn.Module):
     """x + mixer(norm(x)), then x + mlp(norm(x)); `mixer` is the zoo block."""
 
-    def __init__(self, d_model: int, d_mlp: int, mixer: nn.Module, norm: str):
+    def __init__(self, d_model: int, d_mlp: int, mixer: nn.Module, norm: str,
+                 mlp: str = "gelu"):
         super().__init__()
         self.norm1 = make_norm(norm, d_model)
         self.mixer = mixer
         self.norm2 = make_norm(norm, d_model)
-        self.mlp = MLP(d_model, d_mlp)
+        self.mlp = mlp_kind(mlp)[0](d_model, d_mlp)
 
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:  # x: [B, T, D]
         x = x + self.mixer(self.norm1(x), cache)  # [B, T, D]
@@ -99,24 +146,25 @@ class DecoderLM(nn.Module):
         norm: str = "rmsnorm",
         tie_embeddings: bool = False,
         layers: list[tuple[str, dict[str, Any]]] | None = None,
+        mlp: str = "gelu",
     ):
         super().__init__()
         positive_int("DecoderLM", vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
                      max_len=max_len)
         if d_mlp is None:
             positive_number("DecoderLM", mlp_ratio=mlp_ratio)
-            d_mlp = max(1, round(mlp_ratio * d_model))
+        d_mlp = mlp_width(d_model, mlp_ratio, d_mlp, mlp)
         positive_int("DecoderLM", d_mlp=d_mlp)
         specs = layer_specs(n_layers, block, block_kwargs, layers)
         for i, (_, kwargs) in enumerate(specs):
             require("d_model" not in kwargs, f"layer {i}'s block kwargs must not set d_model: "
                     f"the LM passes its own d_model ({d_model}) to every block")
         self.vocab_size, self.d_model, self.max_len = vocab_size, d_model, max_len
-        self.d_mlp = d_mlp
+        self.d_mlp, self.mlp_name = d_mlp, mlp
 
         self.embed = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList(
-            Layer(d_model, d_mlp, zoo.build(name, d_model=d_model, **kwargs), norm)
+            Layer(d_model, d_mlp, zoo.build(name, d_model=d_model, **kwargs), norm, mlp)
             for name, kwargs in specs
         )
         self.norm = make_norm(norm, d_model)
@@ -206,4 +254,5 @@ def build_model(config: dict[str, Any]) -> DecoderLM:
         mlp_ratio=model["mlp_ratio"], d_mlp=model["d_mlp"],
         max_len=model.get("max_len", data["seq_len"]), norm=model["norm"],
         tie_embeddings=model["tie_embeddings"],
+        mlp=model.get("mlp", "gelu"),  # configs written before SwiGLU existed are GELU
     )

@@ -15,11 +15,15 @@ Matching order (both relative to the first variant, the reference):
      value overrides one written in the variant: with match.state on, equal cache is the
      comparison asked for, and a pinned knob would silently break it. The dry-run table
      shows the value that was written beside the one used.
-  2. params (match.params): then each MLP width is sized so total parameters match.
+  2. params (match.params): then each MLP width is sized so total parameters match. A
+     variant's parameters are linear in its MLP width, at `mlp_matrices` d_model x d_mlp
+     matrices per layer: two for GELU, three for SwiGLU (gate, up, down), so a SwiGLU
+     variant matched to a GELU reference gets about 2/3 of its width.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -28,24 +32,27 @@ import torch
 import zoo
 from zoo.facts import Values
 
-from ..lm.decoder import DecoderLM
+from ..lm.decoder import DecoderLM, mlp_matrices, mlp_width
 
 
 def count_params(vocab_size: int, d_model: int, n_layers: int, block: str | None,
                  block_kwargs: dict[str, Any] | None, d_mlp: int, seq_len: int, norm: str,
-                 tie_embeddings: bool, layers: list[tuple[str, dict]] | None = None) -> int:
+                 tie_embeddings: bool, layers: list[tuple[str, dict]] | None = None,
+                 mlp: str = "gelu") -> int:
     """The parameters of a DecoderLM of these sizes, embeddings included (meta device):
-    one block in every layer, or `layers`, one (block, kwargs) per layer (a hybrid)."""
+    one block in every layer, or `layers`, one (block, kwargs) per layer (a hybrid); its
+    MLPs of kind `mlp` (model.mlp)."""
     with torch.device("meta"):
         model = DecoderLM(vocab_size, d_model, n_layers, block, block_kwargs, d_mlp=d_mlp,
                           max_len=seq_len, norm=norm, tie_embeddings=tie_embeddings,
-                          layers=layers)
+                          layers=layers, mlp=mlp)
     return model.param_count()
 
 
-def default_d_mlp(d_model: int, mlp_ratio: float, d_mlp: int | None) -> int:
-    """The MLP width DecoderLM uses when the config does not match it."""
-    return d_mlp if d_mlp is not None else max(1, round(mlp_ratio * d_model))
+def default_d_mlp(d_model: int, mlp_ratio: float, d_mlp: int | None, mlp: str = "gelu") -> int:
+    """The MLP width DecoderLM uses when the config does not match it (SwiGLU: 2/3 of
+    GELU's at the same ratio, train/lm/decoder.py mlp_width)."""
+    return mlp_width(d_model, mlp_ratio, d_mlp, mlp)
 
 
 # A matched MLP narrower than this share of d_model is an error, not a width: at d_mlp = 1
@@ -59,17 +66,23 @@ def mlp_floor(d_model: int) -> int:
 
 
 def match_d_mlp(target: int, base: int, per_unit: int, tolerance: float, variant: str,
-                floor: int = 1, ref_width: int | None = None) -> int:
+                floor: int = 1, ref_width: int | None = None,
+                ref_per_unit: int | None = None) -> int:
     """The MLP width that brings `base + per_unit * d_mlp` parameters closest to `target`.
 
     The MLP's parameters are exactly linear in its width (two bias-free projections per
-    layer), so one division solves it. A width below `floor` is an error naming the
-    reference width (`ref_width`) that would lift it to the floor; a target missed by more
-    than `tolerance` names the counts.
+    layer, three for SwiGLU: `per_unit` counts them), so one division solves it. A width
+    below `floor` is an error naming the reference width (`ref_width`) that would lift it
+    to the floor; a target missed by more than `tolerance` names the counts.
+    `ref_per_unit`: the reference's parameters per unit of its width, where its MLP kind
+    differs (GELU against a SwiGLU variant).
     """
     d_mlp = round((target - base) / per_unit)
     if d_mlp < floor:
-        raise ValueError(below_floor(target, base, tolerance, variant, d_mlp, floor, ref_width))
+        # a unit of the reference's width moves this variant's by this much
+        step = (ref_per_unit or per_unit) / per_unit
+        raise ValueError(below_floor(target, base, tolerance, variant, d_mlp, floor, ref_width,
+                                     step))
     total = base + per_unit * d_mlp
     if abs(total - target) > tolerance * target:
         raise ValueError(
@@ -81,12 +94,14 @@ def match_d_mlp(target: int, base: int, per_unit: int, tolerance: float, variant
 
 
 def below_floor(target: int, base: int, tolerance: float, variant: str, d_mlp: int,
-                floor: int, ref_width: int | None) -> str:
+                floor: int, ref_width: int | None, step: float = 1.0) -> str:
     """The error of a matched width under the floor, with the nearest feasible setting:
-    every matched width moves one for one with the reference's, so raising that by
-    (floor - d_mlp) lifts this variant to the floor."""
+    every matched width moves with the reference's, `step` units per unit of it (one for
+    one between MLPs of one kind), so raising that by (floor - d_mlp) / step lifts this
+    variant to the floor."""
     fix = ("match.params: false" if ref_width is None else
-           f"model.d_mlp={ref_width + floor - d_mlp} (the reference's MLP width, now "
+           f"model.d_mlp={ref_width + math.ceil((floor - d_mlp) / step)} (the reference's "
+           f"MLP width, now "
            f"{ref_width}; every matched width moves with it), or match.params: false")
     return (f"match.params: variant {variant!r} cannot be matched to {target:,} parameters "
             f"within {tolerance:.1%} with an MLP of at least d_mlp={floor} (the floor, "
@@ -104,27 +119,31 @@ def _spec_args(spec: tuple[str, dict] | list[tuple[str, dict]]) -> dict[str, Any
 
 def matched_widths(exp_raw: dict[str, Any],
                    variants: dict[str, tuple[str, dict] | list[tuple[str, dict]]],
-                   tolerance: float) -> dict[str, int]:
+                   tolerance: float, mlps: dict[str, str] | None = None) -> dict[str, int]:
     """d_mlp per variant so that every total is within `tolerance` of the first variant's;
     a variant is (block, kwargs), or for a hybrid one (block, kwargs) per layer.
 
     `exp_raw` holds vocab_size, d_model, n_layers, mlp_ratio, d_mlp, seq_len, norm,
-    tie_embeddings; the first variant (the reference) keeps the configured width.
+    tie_embeddings and optionally mlp (the MLP kind, "gelu" when absent); `mlps` a
+    variant's own MLP kind where it differs. The first variant (the reference) keeps the
+    configured width, which under SwiGLU mlp_ratio sizes at 2/3 (mlp_width).
     """
     e = exp_raw
     common = dict(vocab_size=e["vocab_size"], d_model=e["d_model"], n_layers=e["n_layers"],
                   seq_len=e["seq_len"], norm=e["norm"], tie_embeddings=e["tie_embeddings"])
-    per_unit = 2 * e["d_model"] * e["n_layers"]  # up and down projection, every layer
-    ref_width = default_d_mlp(e["d_model"], e["mlp_ratio"], e["d_mlp"])
     widths, target = {}, None
     for name, spec in variants.items():
-        blocks = _spec_args(spec)
-        base = count_params(**blocks, d_mlp=1, **common) - per_unit
+        mlp = (mlps or {}).get(name, e.get("mlp", "gelu"))
+        # the MLP's matrices (2 or 3) of d_model x d_mlp, every layer
+        per_unit = mlp_matrices(mlp) * e["d_model"] * e["n_layers"]
+        base = count_params(**_spec_args(spec), d_mlp=1, mlp=mlp, **common) - per_unit
         if target is None:
-            target, widths[name] = base + per_unit * ref_width, ref_width
+            ref_width = default_d_mlp(e["d_model"], e["mlp_ratio"], e["d_mlp"], mlp)
+            target, widths[name], ref_unit = base + per_unit * ref_width, ref_width, per_unit
             continue
         widths[name] = match_d_mlp(target, base, per_unit, tolerance, name,
-                                   floor=mlp_floor(e["d_model"]), ref_width=ref_width)
+                                   floor=mlp_floor(e["d_model"]), ref_width=ref_width,
+                                   ref_per_unit=ref_unit)
     return widths
 
 
