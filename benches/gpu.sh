@@ -48,5 +48,5 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 stage tests 240 "$python" -m pytest -q -m gpu -p no:cacheprovider tests
 stage kernels 150 "$python" -m benches.zoo.bench_gpu
-stage harness 90 "$python" -m benches.train.harness.bench_loop --device cuda
+stage harness 90 "$python" -m benches.train.harness.bench_loop --device cuda --variant mha
 exit "$status"

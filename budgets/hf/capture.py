@@ -153,8 +153,13 @@ def row_blocks(call: AttentionCall) -> list[slice]:
     return [slice(i, min(i + r, T)) for i in range(0, T, r)]
 
 
-def attend(call: AttentionCall, keep_probs: bool) -> torch.Tensor:
-    """P V [B, T, H, V], a block of query rows at a time; P kept in call.probs if asked."""
+def attend(call: AttentionCall, keep_probs: bool, fused: bool = False) -> torch.Tensor:
+    """P V [B, T, H, V], a block of query rows at a time; P kept in call.probs if asked.
+    `fused` (the matrix-free probe, masks as SDPA takes them): where P is not kept and
+    torch's SDPA computes the same attention (no soft-capping, no sinks, a mask or pure
+    causality), its fused kernel does, at a fraction of the time on long probes."""
+    if fused and not keep_probs and _sdpa_serves(call):
+        return _sdpa(call)
     H, G = call.query.shape[1], call.value.shape[1]
     v = call.value.repeat_interleave(H // G, dim=1)  # [B, H, Tk, V]
     outs, probs = [], []
@@ -166,6 +171,23 @@ def attend(call: AttentionCall, keep_probs: bool) -> torch.Tensor:
     if keep_probs:
         call.probs = torch.cat(probs, dim=-2)  # [B, H, T, Tk]
     return torch.cat(outs, dim=-2).transpose(1, 2).contiguous()  # [B, T, H, V]
+
+
+def _sdpa_serves(call: AttentionCall) -> bool:
+    square = call.query.shape[-2] == call.key.shape[-2]
+    causal = call.mask is not None or (call.window is None and square)
+    return call.softcap is None and call.sinks is None and causal
+
+
+def _sdpa(call: AttentionCall) -> torch.Tensor:
+    """SDPA's P V [B, T, H, V] under the call's mask (None: causal)."""
+    H, G = call.query.shape[1], call.key.shape[1]
+    k = call.key.repeat_interleave(H // G, dim=1)  # [B, H, Tk, K]
+    v = call.value.repeat_interleave(H // G, dim=1)  # [B, H, Tk, V]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        call.query, k, v, attn_mask=call.mask, is_causal=call.mask is None,
+        scale=call.scaling)  # [B, H, T, V]
+    return out.transpose(1, 2).contiguous()
 
 
 # ---------------------------------------------------------------- RoPE, before and after
@@ -296,7 +318,7 @@ def capture(model: nn.Module, on_call: Callable[[AttentionCall], None],
         if seen:
             call.query_pre, call.key_pre = before_rope(query, seen), before_rope(key, seen)
             seen.clear()
-        call.output = attend(call, keep_probs)
+        call.output = attend(call, keep_probs, fused=matfree)
         calls[module] = call
         on_call(call)
         return call.output, call.probs
@@ -308,12 +330,13 @@ def capture(model: nn.Module, on_call: Callable[[AttentionCall], None],
 
 
 @contextlib.contextmanager
-def transformed(model: nn.Module, fn: Callable, what: str):
+def transformed(model: nn.Module, fn: Callable, what: str, masks: Callable | None = None):
     """Inside, every attention call of `model` passes its keys [B, G, T, K] (after their
     norms and RoPE) and values [B, G, T, V] through fn(module, key, value) -> (key, value)
     before the model's own attention implementation computes on them, with the masks that
-    implementation takes; `what` names the caller in transformers' missing-interface
-    error."""
+    implementation takes (or, given `masks`, masks(module, query, mask) -> the mask it
+    attends under instead, e.g. one per query head [B, H, T, Tk]); `what` names the caller
+    in transformers' missing-interface error."""
     functions = transformers_attention(what)[0]
     before = model.config._attn_implementation
 
@@ -324,6 +347,8 @@ def transformed(model: nn.Module, fn: Callable, what: str):
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         key, value = fn(module, key, value)
+        if masks is not None:
+            attention_mask = masks(module, query, attention_mask)
         return inner(module)(module, query, key, value, attention_mask, **kwargs)
 
     with attending_through(model, TRANSFORMED_ATTENTION, attention, before == "sdpa", what):

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from ..rank.adapters import adapter_ranks
-from ..rank.matfree import K_MAX, CenteredOperator, block_metrics
+from ..rank.attention_ranks import attention_metrics
+from ..rank.matfree import K_MAX, AttentionMixing, CenteredOperator, block_metrics
 from ..rank.metrics import METRICS, check_eps, singular_values, spectrum_metrics
 from .heads import energy_share, head_stats, head_stats_operator, undefined_head_stats
 from .inputs import module_inputs
@@ -226,21 +227,28 @@ def _per_head(metrics: dict[str, torch.Tensor], shape: tuple[int, int]):
 
 
 def _matfree_quantity(block, eps: float, k_max: int) -> tuple[dict, torch.Tensor]:
-    m = block_metrics(block, eps, k_max)
+    return _matfree_values(block_metrics(block, eps, k_max), block.shape)
+
+
+def _matfree_values(m: dict[str, torch.Tensor], shape) -> tuple[dict, torch.Tensor]:
     # matrix-free quantities keep no spectrum (an empty one)
-    return _per_head(m, block.shape), m["sigma_1"].new_zeros(0, 1).cpu()
+    return _per_head(m, shape), m["sigma_1"].new_zeros(0, 1).cpu()
 
 
-def _measure_matfree(mixing, eps: float, k_max: int):
-    """(quantities, the whole matrix's operator or None, its centered form or None)."""
-    blocks = {"past_future": mixing.past_future()}
-    full = mixing.full()
-    centered = None
-    if full is not None:
-        centered = CenteredOperator(full)
-        blocks.update(mixing=full, mixing_centered=centered)
-    out = {q: _matfree_quantity(block, eps, k_max) for q, block in blocks.items()}
-    return out, full, centered
+def _measure_matfree(mixing, eps: float, k_max: int, lengths: list[int]):
+    """(quantities, {t: past_future values at prefix length t < T}, the whole matrix's
+    operator or None, its centered form or None). Softmax mixing: every block from shared
+    passes over its scores (attention_metrics); factored mixing: its past->future block."""
+    if not isinstance(mixing, AttentionMixing):
+        return {"past_future": _matfree_quantity(mixing.past_future(), eps, k_max)}, {}, \
+            None, None
+    m = attention_metrics(mixing, eps, k_max, tuple(lengths))
+    full, T = mixing.full(), mixing.seq_len  # the operator attention_metrics made
+    quantities = {q: _matfree_values(m[q], s) for q, s in (
+        ("past_future", (T - T // 2, T // 2)), ("mixing", full.shape),
+        ("mixing_centered", full.shape))}
+    at = {t: _per_head(v, (t - t // 2, t // 2)) for t, v in m["lengths"].items()}
+    return quantities, at, full, CenteredOperator(full)
 
 
 def mixing_figures_matfree(mixing, eps: float, k_max: int = K_MAX,
@@ -249,18 +257,22 @@ def mixing_figures_matfree(mixing, eps: float, k_max: int = K_MAX,
     """mixing_figures without a [T, T] tensor, for an AttentionMixing or FactoredMixing:
     past_future always, mixing and mixing_centered when the whole matrix is an operator.
 
-    past_future_lengths: at t < T the past->future block of `prefix(t)`, the mixing of the
-    first t tokens (default: mixing.prefix, which AttentionMixing offers; lengths with no
-    prefix are left out); "lower_bound" when a head's rank_eps there is undecided. heads
-    from the operator (budgets/probe/heads.py); null for factored mixing, known only by its
-    past->future factors; raw_erank null wherever the subspace missed part of the energy."""
-    quantities, full, centered = _measure_matfree(mixing, eps, k_max)
-    prefix = prefix or getattr(mixing, "prefix", None)
+    past_future_lengths: at t < T the past->future block of the mixing of the first t
+    tokens: for softmax mixing the corner of its one matrix (causal: the same as `prefix`
+    would give); else of `prefix(t)` (lengths with no prefix are left out); "lower_bound"
+    when a head's rank_eps there is undecided. heads from the operator
+    (budgets/probe/heads.py); null for factored mixing, known only by its past->future
+    factors; raw_erank null wherever the subspace missed part of the energy."""
     T = mixing.seq_len
+    shorter = [t for t in prefix_lengths(T) if t < T]
+    quantities, at, full, centered = _measure_matfree(mixing, eps, k_max, shorter)
+    prefix = prefix or getattr(mixing, "prefix", None)
     lengths = []
     for t in prefix_lengths(T):
         if t == T:
             values = quantities["past_future"][0]
+        elif t in at:
+            values = at[t]
         elif prefix is not None:
             values = _matfree_quantity(prefix(t).past_future(), eps, k_max)[0]
         else:

@@ -8,42 +8,47 @@ forming a [T, T] tensor (docs/METRICS.md, "Matrix-free mode"):
     op = AttentionOperator(q, k, scale, window, rows=(T // 2, T), cols=(0, T // 2))
     m = operator_metrics(op, eps=0.1)     # rank_eps, stable_rank, sigma_1, ... [B, H]
 
-- `Operator`: A [..., m, n] through A @ X, A^T @ Y and A^T A X, plus its exact squared
-  Frobenius norm; `AttentionOperator` is causal softmax attention computed a chunk of query
-  rows at a time (a [chunk, n] slice of scores at most), `CenteredOperator` subtracts the
-  mean row.
+- `Operator`: A [*batch, m, n] through A X, A^T Y and A^T A X, its exact squared Frobenius
+  norm and column sums, and `take(idx)`: the same operator on some of its (flattened)
+  batch entries, so that the solver drops the heads it has settled.
+- `AttentionOperator`: the block P[r0:r1, c0:c1] of causal softmax attention, a chunk of
+  query rows at a time; a chunk spans only the keys its rows see (s <= t, s > t - window),
+  so the whole causal matrix costs its lower triangle, and holds at most CHUNK_ELEMENTS
+  scores, so memory stays flat in T. `CenteredOperator` subtracts the mean row.
 - `LowRank`: a block known as L @ R^T (linear attention's feature maps, an SSM's decayed C
   and B): its spectrum is exact from an r x r core (spectra.product_spectrum).
-- `operator_metrics`: subspace iteration on A^T A with a block of k vectors, doubled until
-  every head's rank_eps is decided or k reaches `k_max`. The Ritz values of a subspace
-  never exceed the true singular values, so a rank_eps reached by them is an upper bound,
-  and a converged one is exact; the Frobenius norm is exact, so stable rank is too. A head
-  still undecided at k_max reads rank_eps = NaN with `rank_eps_above` = a: "rank_eps > a",
-  where a >= k comes from the energy the top k values leave (at least missing / s_k^2
-  more values are needed); a head whose bound already exceeds k_max stops the doubling.
-  erank and participation ratio need the whole spectrum: they are given only where the
-  top k values hold all but a 1e-6 fraction of the energy, else NaN; numerical rank is
-  never given (fp32 products cannot resolve its tolerance).
+- `operator_metrics`: the top eigenvalues of A^T A by thick-restart block Lanczos
+  (krylov.py), grown until every head's rank_eps is decided by its residual bounds, is
+  shown to exceed k_max, or the product budget is spent. The Ritz energies never exceed the
+  true ones, so a rank_eps they reach is an upper bound; it is exact where the residual
+  bounds keep the energy of one value fewer short of the threshold. A head shown to need
+  more than k_max values reads rank_eps = NaN with `rank_eps_above` = a ("rank_eps > a").
+  The Frobenius norm is exact, so stable rank is too. erank and participation ratio need
+  the whole spectrum: they are given only where the values found hold all but a 1e-6
+  fraction of the energy, else NaN; numerical rank is never given (fp32 products cannot
+  resolve its tolerance).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .metrics import METRICS, check_eps, spectrum_metrics
+from .krylov import gram_of
+from .metrics import check_eps, spectrum_metrics
+from .ritz_metrics import Target, measure
 from .spectra import product_spectrum
 
-# The elements of one chunk of scores [..., chunk, n] an operator may hold at once (fp32:
+# The elements of one chunk of scores [N, rows, keys] an operator may hold at once (fp32:
 # 128 MiB); chunks are sized to this so that memory stays flat in T.
 CHUNK_ELEMENTS = 1 << 25
-# The largest block of vectors by default: a head whose rank_eps needs more reads "> k".
-# At T = 32k each vector costs a pass over the (T/2)^2 scores of every head.
+# exp's argument floor (fp32's smallest normal is e^-87.3): see AttentionOperator._exp
+EXP_FLOOR = -87.0
+# The most singular values sought per head by default: a head whose rank_eps needs more
+# reads "> a". At T = 32k each vector costs a pass over the (T/2)^2 scores of every head.
 K_MAX = 64
-# A head's leftover energy below this fraction of ||A||_F^2 counts as "whole spectrum seen".
-COMPLETE = 1e-6
 
 
 class Operator:
@@ -66,6 +71,25 @@ class Operator:
     def fro2(self) -> torch.Tensor:  # ||A||_F^2, [*batch]
         raise NotImplementedError
 
+    def colsum(self) -> torch.Tensor:  # 1^T A, [*batch, n]
+        ones = torch.ones(*self.batch, self.shape[0], 1, dtype=self.dtype, device=self.device)
+        return self.rmatmul(ones).squeeze(-1)
+
+    def take(self, idx: torch.Tensor) -> Operator | None:
+        """The operator on the flattened batch entries idx [a] (batch (a,)), or None where a
+        subclass cannot restrict itself (a solver then multiplies every entry)."""
+        return None
+
+
+def _rows_fitting(t0: int, lo: int, c1: int, budget: int) -> int:
+    """The most query rows from t0 whose keys [lo, min(c1, t0 + rows)) hold <= budget scores:
+    a causal chunk widens with its last row."""
+    a = t0 - lo
+    rows = int((math.sqrt(a * a + 4 * budget) - a) / 2)  # rows * (a + rows) <= budget
+    if t0 + rows > c1:  # past the block's last column every row sees all of it
+        rows = budget // max(1, c1 - lo)
+    return max(1, rows)
+
 
 class AttentionOperator(Operator):
     """The block P[r0:r1, c0:c1] of causal softmax attention P = softmax(q k^T * scale)
@@ -73,81 +97,202 @@ class AttentionOperator(Operator):
     sink logits [H] (the last batch dim is the head) join each row's normalizer only.
 
     One pass computes each row's log-sum-exp over every key it sees (the normalizer needs
-    the keys outside the block too) and the block's exact Frobenius norm; every product
-    afterwards recomputes the block's probabilities a chunk of rows at a time."""
+    the keys outside the block too; `lse` [*batch, r1 - r0] given skips it), the block's
+    exact Frobenius norm and its column sums; every product afterwards recomputes the
+    block's probabilities a chunk of rows at a time."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, scale: float,
                  window: int | None = None, rows: tuple[int, int] | None = None,
                  cols: tuple[int, int] | None = None, softcap: float | None = None,
-                 sinks: torch.Tensor | None = None):
-        T = q.shape[-2]
-        self.q, self.k, self.scale, self.window = q.float(), k.float(), float(scale), window
-        self.softcap = softcap
-        self.sinks = None if sinks is None else sinks.float().reshape(-1, 1)  # [H, 1]
-        self.rows, self.cols = rows or (0, T), cols or (0, T)
+                 sinks: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+        T, K = q.shape[-2], q.shape[-1]
         self.batch, self.dtype, self.device = tuple(q.shape[:-2]), torch.float32, q.device
+        N = math.prod(self.batch)
+        self.q = (q.float() * float(scale)).reshape(N, T, K)  # scaled once, not per chunk
+        self.k = k.float().reshape(N, T, K)
+        self.scale, self.window, self.softcap, self.T = float(scale), window, softcap, T
+        self.sinks = None if sinks is None else (
+            sinks.float().expand(self.batch).reshape(N, 1))  # [N, 1]: the head's sink logit
+        self.rows, self.cols = rows or (0, T), cols or (0, T)
+        self.chunk_elements = max(1, CHUNK_ELEMENTS // max(1, N))  # scores per entry
         self.shape = (self.rows[1] - self.rows[0], self.cols[1] - self.cols[0])
-        width = max(T, 1) * max(math.prod(self.batch), 1)
-        self.chunk = max(1, min(self.shape[0], CHUNK_ELEMENTS // width))
-        self._lse, self._fro2 = self._normalize()
+        self._plan()
+        self._buffer: torch.Tensor | None = None  # the chunk of scores, reused
+        self._lse = None if lse is None else lse.float().reshape(N, -1)  # [N, m]
+        self._fro2, self._colsum = self._normalize()
 
-    def _chunks(self):
-        r0, r1 = self.rows
-        for t0 in range(r0, r1, self.chunk):
-            yield t0, min(t0 + self.chunk, r1)
+    # ------------------------------------------------------------ chunks and scores
 
-    def _scores(self, t0: int, t1: int, c0: int, c1: int) -> torch.Tensor:
-        """Masked scores of queries t0..t1 against keys c0..c1: [*batch, t1 - t0, c1 - c0]."""
-        S = self.q[..., t0:t1, :] @ self.k[..., c0:c1, :].mT * self.scale
+    def _first_key(self, t: int, c0: int) -> int:
+        return c0 if self.window is None else max(c0, t - self.window + 1)
+
+    def _plan_for(self, cols: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+        """(t0, t1, lo, hi) per chunk of the rows: the keys [lo, hi) of cols its rows see."""
+        budget = self.chunk_elements  # scores per entry
+        (t0, r1), (c0, c1), out = self.rows, cols, []
+        while t0 < r1:
+            lo = self._first_key(t0, c0)
+            t1 = min(r1, t0 + _rows_fitting(t0, lo, c1, budget))
+            hi = min(c1, t1)
+            if hi > lo:
+                out.append((t0, t1, lo, hi))
+            t0 = t1
+        return out
+
+    def _plan(self) -> None:
+        self.chunks = self._plan_for(self.cols)
+        self.chunk = max((t1 - t0 for t0, t1, _, _ in self.chunks), default=1)
+
+    def _scores(self, t0: int, t1: int, lo: int, hi: int, unseen: float | None = -math.inf
+                ) -> torch.Tensor:
+        """Scores of queries t0..t1 against keys lo..hi, [N, t1 - t0, hi - lo], the keys a
+        query does not see set to `unseen` (None: left as they are). The chunk is written
+        into one buffer kept across chunks and passes: a fresh 100 MiB tensor per chunk
+        cost as much in page faults as the product itself."""
+        N, shape = self.q.shape[0], (self.q.shape[0], t1 - t0, hi - lo)
+        if self._buffer is None or self._buffer.numel() < math.prod(shape):
+            self._buffer = torch.empty(max(math.prod(shape), N * self.chunk_elements),
+                                       device=self.device)
+        S = self._buffer[:math.prod(shape)].view(shape)
+        torch.bmm(self.q[:, t0:t1], self.k[:, lo:hi].mT, out=S)
         if self.softcap:  # Gemma-2's logit soft-capping: softcap * tanh(S / softcap)
-            S = self.softcap * torch.tanh(S / self.softcap)
-        if self.window is None and c1 <= t0 + 1:  # every key precedes every query here
-            return S
+            S.div_(self.softcap).tanh_().mul_(self.softcap)
+        if unseen is not None:
+            self._fill_unseen(S, t0, t1, lo, hi, unseen)
+        return S
+
+    def _fill_unseen(self, S: torch.Tensor, t0: int, t1: int, lo: int, hi: int,
+                     value: float) -> torch.Tensor:
+        """S [N, t1 - t0, hi - lo] with `value` where key s is unseen by query t."""
         t = torch.arange(t0, t1, device=self.device).unsqueeze(-1)
-        s = torch.arange(c0, c1, device=self.device)
-        seen = s <= t if self.window is None else (s <= t) & (s > t - self.window)
-        return S.masked_fill(~seen, float("-inf"))
+        if hi > t0 + 1:  # keys after a query: only in the columns from t0 + 1 on
+            S[..., t0 + 1 - lo:].masked_fill_(torch.arange(t0 + 1, hi, device=self.device) > t,
+                                             value)
+        if self.window is not None and lo <= t1 - 1 - self.window:  # keys left of a window
+            b = min(hi, t1 - self.window) - lo
+            S[..., :b].masked_fill_(torch.arange(lo, lo + b, device=self.device)
+                                    <= t - self.window, value)
+        return S
+
+    def _exp(self, S: torch.Tensor, lse: torch.Tensor, t0, t1, lo, hi) -> torch.Tensor:
+        """P = exp(S - lse) in place, 0 at unseen keys. Exponents below EXP_FLOOR are raised
+        to it first: torch's exp takes a slow path below -88 (measured 25x), and what it
+        would give there, under 1e-38, is below anything a product resolves."""
+        S.sub_(lse.unsqueeze(-1)).clamp_(min=EXP_FLOOR).exp_()
+        return self._fill_unseen(S, t0, t1, lo, hi, 0.0)
+
+    def _probs(self, t0: int, t1: int, lo: int, hi: int) -> torch.Tensor:
+        """P[t0:t1, lo:hi], [N, t1 - t0, hi - lo] (in the chunk buffer)."""
+        lse = self._lse[:, t0 - self.rows[0]:t1 - self.rows[0]]
+        return self._exp(self._scores(t0, t1, lo, hi, None), lse, t0, t1, lo, hi)
 
     def _normalize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        lse, fro2 = [], torch.zeros(self.batch, device=self.device)
-        for t0, t1 in self._chunks():
-            lo = 0 if self.window is None else max(0, t0 - self.window + 1)
-            row_lse = torch.logsumexp(self._scores(t0, t1, lo, t1), dim=-1)  # [*batch, c]
-            if self.sinks is not None:  # the sink column takes its share of each row
-                row_lse = torch.logaddexp(row_lse, self.sinks)
-            lse.append(row_lse)
-            fro2 += self._probs(t0, t1, row_lse).square().sum((-2, -1))
-        return torch.cat(lse, dim=-1), fro2
+        N, c0 = self.q.shape[0], self.cols[0]
+        fro2 = torch.zeros(N, dtype=torch.float64, device=self.device)
+        colsum = torch.zeros(N, self.shape[1], device=self.device)
+        whole_rows = self.cols == (0, self.T)  # the block's chunks see every key of a row
+        if self._lse is None and not whole_rows:  # each row's normalizer over all its keys
+            self._lse = torch.cat([self._row_lse(self._scores(t0, t1, lo, t1))
+                                   for t0, t1, lo, _ in self._plan_for((0, self.T))], -1)
+        lse = [] if self._lse is None else None
+        for t0, t1, lo, hi in self.chunks:
+            if lse is None:
+                P = self._probs(t0, t1, lo, hi)
+            else:  # one pass over the scores: each chunk's normalizer, then its P
+                S = self._scores(t0, t1, lo, hi)
+                lse.append(self._row_lse(S))
+                P = self._exp(S, lse[-1], t0, t1, lo, hi)
+            fro2 += P.square().sum((-2, -1), dtype=torch.float64)  # fp64: centering cancels
+            colsum[:, lo - c0:hi - c0] += P.sum(-2)
+        if lse is not None:
+            self._lse = torch.cat(lse, -1)
+        return fro2, colsum
 
-    def _probs(self, t0: int, t1: int, lse: torch.Tensor | None = None) -> torch.Tensor:
-        if lse is None:
-            lse = self._lse[..., t0 - self.rows[0]:t1 - self.rows[0]]
-        c0, c1 = self.cols
-        return torch.exp(self._scores(t0, t1, c0, c1) - lse.unsqueeze(-1))  # [*batch, c, n]
+    def _row_lse(self, S: torch.Tensor) -> torch.Tensor:
+        """Each row's log-sum-exp [N, rows] of its scores S [N, rows, keys] (and sink)."""
+        lse = torch.logsumexp(S, dim=-1)
+        if self.sinks is not None:  # the sink column takes its share of each row
+            lse = torch.logaddexp(lse, self.sinks)
+        return lse
+
+    # ------------------------------------------------------------ products
+
+    def _flat(self, X: torch.Tensor) -> torch.Tensor:
+        return X.reshape(self.q.shape[0], *X.shape[-2:])
 
     def matmul(self, X: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self._probs(t0, t1) @ X for t0, t1 in self._chunks()], dim=-2)
+        X, (r0, _), (c0, _) = self._flat(X), self.rows, self.cols
+        out = X.new_zeros(X.shape[0], self.shape[0], X.shape[-1])
+        for t0, t1, lo, hi in self.chunks:
+            out[:, t0 - r0:t1 - r0] = self._probs(t0, t1, lo, hi) @ X[:, lo - c0:hi - c0]
+        return out.reshape(*self.batch, *out.shape[-2:])
 
     def rmatmul(self, Y: torch.Tensor) -> torch.Tensor:
-        out, r0 = 0, self.rows[0]
-        for t0, t1 in self._chunks():
-            out = out + self._probs(t0, t1).mT @ Y[..., t0 - r0:t1 - r0, :]
-        return out
+        Y, (r0, _), (c0, _) = self._flat(Y), self.rows, self.cols
+        out = Y.new_zeros(Y.shape[0], self.shape[1], Y.shape[-1])
+        for t0, t1, lo, hi in self.chunks:
+            P = self._probs(t0, t1, lo, hi)
+            out[:, lo - c0:hi - c0].baddbmm_(P.mT, Y[:, t0 - r0:t1 - r0])
+        return out.reshape(*self.batch, *out.shape[-2:])
 
     def gram(self, X: torch.Tensor) -> torch.Tensor:
-        out = 0  # fused: each chunk's probabilities serve both products
-        for t0, t1 in self._chunks():
-            P = self._probs(t0, t1)
-            out = out + P.mT @ (P @ X)
-        return out
+        X, c0 = self._flat(X), self.cols[0]
+        out = torch.zeros_like(X)  # fused: each chunk's probabilities serve both products
+        for t0, t1, lo, hi in self.chunks:
+            P = self._probs(t0, t1, lo, hi)
+            out[:, lo - c0:hi - c0].baddbmm_(P.mT, P @ X[:, lo - c0:hi - c0])
+        return out.reshape(*self.batch, *out.shape[-2:])
+
+    def block_grams(self, requests: list[tuple[tuple, torch.Tensor, torch.Tensor]]
+                    ) -> list[torch.Tensor]:
+        """B^T B X for blocks B = this operator's P[r0:r1, c0:c1] (within its own block),
+        each request ((r0, r1), (c0, c1)), entries idx [a] (flattened), X [a, c1 - c0, s]),
+        all from one pass over the scores: a chunk's probabilities serve every block they
+        touch (the past->future blocks of a causal matrix and of its prefixes are corners
+        of the one matrix, normalized alike)."""
+        outs = [torch.zeros_like(X) for _, _, X in requests]
+        union = torch.unique(torch.cat([idx for _, idx, _ in requests]))  # sorted
+        where = [torch.searchsorted(union, idx) for _, idx, _ in requests]
+        sub = self if len(union) == self.q.shape[0] else self.take(union)
+        for t0, t1, lo, hi in self.chunks:
+            P = None
+            for ((r0, r1), (c0, c1)), pos, X, out in zip(
+                    [r[0] for r in requests], where, [r[2] for r in requests], outs,
+                    strict=True):
+                a, b, ca, cb = max(t0, r0), min(t1, r1), max(lo, c0), min(hi, c1)
+                if a >= b or ca >= cb:
+                    continue
+                P = sub._probs(t0, t1, lo, hi) if P is None else P  # [u, rows, keys]
+                B = P[:, a - t0:b - t0, ca - lo:cb - lo]
+                B = B if len(pos) == len(union) else B[pos]
+                out[:, ca - c0:cb - c0].baddbmm_(B.mT, B @ X[:, ca - c0:cb - c0])
+        return outs
 
     def fro2(self) -> torch.Tensor:
-        return self._fro2
+        return self._fro2.reshape(self.batch)
+
+    def colsum(self) -> torch.Tensor:
+        return self._colsum.reshape(*self.batch, -1)
+
+    def row_lse(self) -> torch.Tensor:
+        """Each row's log-sum-exp over every key it sees, [*batch, m]."""
+        return self._lse.reshape(*self.batch, -1)
+
+    def take(self, idx: torch.Tensor) -> AttentionOperator:
+        sub = object.__new__(AttentionOperator)
+        sub.__dict__.update(self.__dict__)
+        for name in ("q", "k", "sinks", "_lse", "_fro2", "_colsum"):
+            value = getattr(self, name)
+            setattr(sub, name, None if value is None else value[idx])
+        sub.batch = (len(idx),)  # the chunks stay: as long as for the whole batch
+        return sub
+
+    # ------------------------------------------------------------ single entries
 
     def _pair_scores(self, d: int) -> torch.Tensor:
-        """Masked scores of each query t of the rows with the key t - d: [*batch, m]."""
+        """Masked scores of each query t of the rows with the key t - d: [N, m]."""
         r0, r1 = max(self.rows[0], d), self.rows[1]
-        S = (self.q[..., r0:r1, :] * self.k[..., r0 - d:r1 - d, :]).sum(-1) * self.scale
+        S = (self.q[:, r0:r1] * self.k[:, r0 - d:r1 - d]).sum(-1)
         if self.softcap:
             S = self.softcap * torch.tanh(S / self.softcap)
         if self.window is not None and d >= self.window:  # outside every query's window
@@ -160,27 +305,27 @@ class AttentionOperator(Operator):
         one score per query against the streamed log-sum-exp, O(T K) (P e_s without the
         pass over all keys that matmul would take)."""
         t = torch.arange(*self.rows, device=self.device)
-        S = (self.q[..., self.rows[0]:self.rows[1], :] @ self.k[..., s, :].unsqueeze(-1)
-             ).squeeze(-1) * self.scale  # [*batch, m]
+        S = (self.q[:, self.rows[0]:self.rows[1]] @ self.k[:, s].unsqueeze(-1)).squeeze(-1)
         if self.softcap:
             S = self.softcap * torch.tanh(S / self.softcap)
         seen = s <= t if self.window is None else (s <= t) & (s > t - self.window)
-        return torch.exp(S.masked_fill(~seen, float("-inf")) - self._lse)
+        P = torch.exp(S.masked_fill(~seen, float("-inf")) - self._lse)  # [N, m]
+        return P.reshape(*self.batch, -1)
 
     def band(self, width: int) -> torch.Tensor:
         """sum of P[t, s] over t - width < s <= t for the queries t of the rows, [*batch, m]:
         the mass on the query itself and the width - 1 keys before it, O(width T K)."""
-        return sum(torch.exp(self._pair_scores(d) - self._lse) for d in range(width))
+        mass = sum(torch.exp(self._pair_scores(d) - self._lse) for d in range(width))
+        return mass.reshape(*self.batch, -1)
 
 
 class CenteredOperator(Operator):
     """A - 1 mu^T with mu = A^T 1 / m, the mean row: what centered metrics measure."""
 
-    def __init__(self, op: Operator):
+    def __init__(self, op: Operator, mu: torch.Tensor | None = None):
         self.op, self.batch, self.shape = op, op.batch, op.shape
         self.dtype, self.device = op.dtype, op.device
-        ones = torch.ones(*self.batch, op.shape[0], 1, dtype=op.dtype, device=op.device)
-        self.mu = op.rmatmul(ones) / op.shape[0]  # [*batch, n, 1]
+        self.mu = (op.colsum() / op.shape[0]).unsqueeze(-1) if mu is None else mu  # [*b, n, 1]
 
     def matmul(self, X: torch.Tensor) -> torch.Tensor:
         return self.op.matmul(X) - self.mu.mT @ X  # broadcast over the m rows
@@ -192,7 +337,14 @@ class CenteredOperator(Operator):
         return self.op.gram(X) - self.shape[0] * self.mu @ (self.mu.mT @ X)
 
     def fro2(self) -> torch.Tensor:
-        return (self.op.fro2() - self.shape[0] * self.mu.square().sum((-2, -1))).clamp_min(0)
+        mean2 = self.mu.double().square().sum((-2, -1))
+        return (self.op.fro2().double() - self.shape[0] * mean2).clamp_min(0)
+
+    def take(self, idx: torch.Tensor) -> CenteredOperator | None:
+        op = self.op.take(idx)
+        if op is None:
+            return None
+        return CenteredOperator(op, self.mu.reshape(-1, *self.mu.shape[-2:])[idx])
 
 
 @dataclass
@@ -210,105 +362,46 @@ class LowRank:
         return spectrum_metrics(product_spectrum(self.L, self.R), self.shape, eps)
 
 
-def orthonormalize(Z: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis [*batch, n, k] of the columns of Z [*batch, n, k] by Cholesky
-    QR in fp64, twice (the second pass restores the orthogonality the first loses to
-    rounding): two k x k factorizations instead of a Householder QR of the tall block,
-    which costs ~100x more on the CPU at n = 1024, k = 256. A block whose columns are
-    (numerically) dependent - a head of rank below k - takes the Householder QR."""
-    W = Z.double()
-    for _ in range(2):
-        L, info = torch.linalg.cholesky_ex(W.mT @ W)  # [*batch, k, k]
-        if bool((info != 0).any()):
-            return torch.linalg.qr(Z).Q
-        W = torch.linalg.solve_triangular(L, W.mT, upper=False).mT
-    eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
-    if float((W.mT @ W - eye).abs().max()) > 1e-6:  # too ill-conditioned even twice
-        return torch.linalg.qr(Z).Q
-    return W.to(Z.dtype)
+# ---------------------------------------------------------------- metrics of an operator
+
+def target_of(A: Operator, base: Operator) -> Target:
+    """A as a Target of products with `base`: base itself, or its centered form."""
+    N, n = math.prod(base.batch), base.shape[1]
+    fro2 = A.fro2().double().reshape(-1)
+    if not isinstance(A, CenteredOperator):
+        return Target(fro2, A.shape)
+    m = torch.full((N,), float(A.shape[0]), device=base.device)  # A_c^T A_c = A^T A - m mu mu^T
+    return Target(fro2, A.shape, A.mu.reshape(N, n), m)
 
 
-def ritz_values(op: Operator, k: int, iters: int = 8, tol: float = 1e-5,
-                seed: int = 0) -> torch.Tensor:
-    """Estimates [*batch, k] of the top k singular values of op (descending, each a lower
-    bound), by subspace iteration on A^T A until they move less than `tol` (relative)."""
-    n = op.shape[1]
-    g = torch.Generator(device=op.device).manual_seed(seed)
-    X = torch.randn(*op.batch, n, k, generator=g, device=op.device, dtype=op.dtype)
-    Q, prev = orthonormalize(X), None
-    for _ in range(iters):
-        Z = op.gram(Q)  # [*batch, n, k]
-        lam = torch.linalg.eigvalsh((Q.mT @ Z).double()).flip(-1).clamp_min(0)  # s^2
-        if prev is not None and ((lam - prev).abs() <= tol * lam[..., :1]).all():
-            break
-        Q, prev = orthonormalize(Z), lam
-    return lam.sqrt()
+def single_op_grams(op: Operator):
+    return lambda requests: [gram_of(op, idx, X) for _, idx, X in requests]
 
 
-def _decided(s: torch.Tensor, fro2: torch.Tensor, eps: float) -> torch.Tensor:
-    """rank_eps from top values s [*b, k] and exact energies fro2 [*b]; NaN where the top
-    k values do not reach (1 - eps^2) of the energy."""
-    energy = s.square().cumsum(-1)
-    reached = energy >= (1.0 - eps**2) * fro2.unsqueeze(-1)
-    rank = (~reached).sum(-1).double() + 1
-    return torch.where(reached[..., -1], rank, torch.full_like(rank, math.nan))
+def per_batch(metrics: dict[str, torch.Tensor], batch) -> dict[str, torch.Tensor]:
+    return {name: v.reshape(batch) for name, v in metrics.items()}
 
 
-def operator_metrics(op: Operator, eps: float = 0.1, k: int = 16,
+def operator_metrics(op: Operator, eps: float = 0.1, k: int | None = None,
                      k_max: int = K_MAX) -> dict[str, torch.Tensor]:
     """METRICS of op [*batch, m, n] per batch entry, matrix-free (module docstring), plus
-    `rank_eps_above`: a lower bound, rank_eps > it, where rank_eps is undecided (else NaN)."""
+    `rank_eps_above`: a lower bound, rank_eps > it, where rank_eps is undecided (else NaN).
+    `k`: the vectors per Lanczos block (ritz_metrics.BLOCK); at most 2 k_max are held."""
     check_eps(eps)
-    full, fro2 = min(op.shape), op.fro2().double()
-    k = min(k, full, k_max)
-    while True:
-        s = ritz_values(op, k)  # [*batch, k]
-        rank = _decided(s, fro2, eps)
-        # the last few Ritz values converge slowest: trust a rank inside the block only
-        settled = rank <= k - max(2, k // 8)
-        need = _rank_floor(s, fro2, eps)  # no head can do with fewer values than this
-        open_ = ~settled & (need <= k_max)  # heads a larger block could still decide
-        if k >= full or k >= k_max or not bool(open_.any()):
-            break
-        k = min(max(2 * k, int(need[open_].max()) + k // 4), full, k_max)
-    return _assemble(s, fro2, rank, need, op.shape, eps)
+    base = op.op if isinstance(op, CenteredOperator) else op  # centered: a downdated view
+    out = measure({0: [target_of(op, base)]}, single_op_grams(base), eps, k, k_max, op.device)
+    return per_batch(out[0][0], op.batch)
 
 
-def _rank_floor(s: torch.Tensor, fro2: torch.Tensor, eps: float) -> torch.Tensor:
-    """A lower bound [*batch] on rank_eps from the top k values: the energy still missing
-    is carried by values no larger than s_k, so at least missing / s_k^2 more are needed."""
-    missing = ((1.0 - eps**2) * fro2 - s.square().sum(-1)).clamp_min(0)
-    more = torch.ceil(missing / s[..., -1].square().clamp_min(1e-300))
-    return (s.shape[-1] + more).clamp(max=1e12)
-
-
-def _assemble(s, fro2, rank, need, shape, eps) -> dict[str, torch.Tensor]:
-    s1 = s[..., 0]
-    alive = s1 > 0
-    nan = torch.full_like(fro2, math.nan)
-    complete = (fro2 - s.square().sum(-1)) <= COMPLETE * fro2  # the whole spectrum seen
-    exact = spectrum_metrics(s, shape, eps)  # erank etc. of the values seen
-    out = {
-        "rank_eps": rank,
-        "stable_rank": torch.where(alive, fro2 / s1.square().clamp_min(1e-300), fro2 * 0),
-        "sigma_1": s1,
-        "sigma_ratio": s[..., 1] / s1.clamp_min(1e-300) if s.shape[-1] > 1 else s1 * 0,
-    }
-    for name in ("erank", "participation_ratio"):
-        out[name] = torch.where(complete | ~alive, exact[name].double(), nan)
-    out["numerical_rank"] = nan  # products in fp32 cannot resolve s_1 * max(m, n) * 1e-7
-    out["rank_eps"] = torch.where(alive, out["rank_eps"], fro2 * 0)
-    # undecided: rank_eps > need - 1 (need >= k + 1 whenever the top k fall short)
-    out["rank_eps_above"] = torch.where(out["rank_eps"].isnan(), need.double() - 1, nan)
-    assert set(METRICS) <= set(out)
-    return {name: v.double() for name, v in out.items()}
-
+# ---------------------------------------------------------------- mixing, as blocks give it
 
 @dataclass
 class AttentionMixing:
     """Causal softmax mixing known by its queries q [B, H, T, K] and keys k [B, G, T, K]
     (rotated; query head h reads key head h // (H / G)), as a block's
-    `mixing_operator(x)` or a Hugging Face attention layer gives it."""
+    `mixing_operator(x)` or a Hugging Face attention layer gives it. Each row's
+    log-sum-exp, once the whole matrix's operator has streamed it, serves every block and
+    prefix taken afterwards (a causal row's normalizer does not depend on later keys)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -316,6 +409,7 @@ class AttentionMixing:
     window: int | None = None
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # [H] sink logits (gpt-oss)
+    lse: torch.Tensor | None = field(default=None, repr=False)  # [B, H, T], once known
 
     def __post_init__(self) -> None:
         H, G = self.q.shape[-3], self.k.shape[-3]
@@ -323,14 +417,23 @@ class AttentionMixing:
             raise ValueError(f"key heads ({G}) must divide query heads ({H})")
         self.k = self.k.repeat_interleave(H // G, dim=-3)  # [B, H, T, K]
 
-    def operator(self, rows=None, cols=None) -> Operator:
-        return AttentionOperator(self.q, self.k, self.scale, self.window, rows, cols,
-                                 self.softcap, self.sinks)
+    def operator(self, rows=None, cols=None) -> AttentionOperator:
+        T = self.seq_len
+        r0, r1 = rows or (0, T)
+        lse = None if self.lse is None else self.lse[..., r0:r1]
+        op = AttentionOperator(self.q, self.k, self.scale, self.window, rows, cols,
+                               self.softcap, self.sinks, lse)
+        if self.lse is None and (r0, r1) == (0, T):
+            self.lse = op.row_lse()
+        return op
 
-    def full(self) -> Operator:
-        return self.operator()
+    def full(self) -> AttentionOperator:
+        """The whole matrix's operator, made (its normalizing pass run) once."""
+        if getattr(self, "_whole", None) is None:
+            self._whole = self.operator()
+        return self._whole
 
-    def past_future(self) -> Operator:
+    def past_future(self) -> AttentionOperator:
         T = self.q.shape[-2]
         return self.operator((T // 2, T), (0, T // 2))
 
@@ -341,7 +444,8 @@ class AttentionMixing:
     def prefix(self, t: int) -> AttentionMixing:
         """The mixing of the first t tokens: causal, so the top-left t x t corner."""
         return AttentionMixing(self.q[..., :t, :], self.k[..., :t, :], self.scale,
-                               self.window, self.softcap, self.sinks)
+                               self.window, self.softcap, self.sinks,
+                               None if self.lse is None else self.lse[..., :t])
 
 
 @dataclass

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .spectra import spectrum
+from .spectra import one_thread, spectrum
 
 METRICS = (
     "rank_eps",
@@ -109,7 +109,8 @@ def spectrum_metrics(s: torch.Tensor, shape: tuple[int, int], eps: float = 0.1
 def gram_rank_eps(gram: torch.Tensor, rows: int, eps: float) -> torch.Tensor:
     """rank_eps [G] of matrices of `rows` rows known by their Gram matrices A^T A
     [G, K, K] (fp64): the singular values are the square roots of its eigenvalues."""
-    s = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp(min=0.0).sqrt()  # [G, K]
+    with one_thread():
+        s = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp(min=0.0).sqrt()  # [G, K]
     return spectrum_metrics(s, (rows, gram.shape[-1]), eps)["rank_eps"]
 
 

@@ -30,15 +30,32 @@ import torch
 Method = Callable[[torch.Tensor], torch.Tensor]
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Eigensolvers on one thread. LAPACK's tridiagonalization synchronizes its OpenMP team
+    O(n) times, and on a loaded machine each synchronization waits for a time slice:
+    measured on 2 shared cores, two 576 x 576 eigvalsh took 10.8 s on two threads and
+    0.058 s on one, nine 1024 x 1024 4.0 s and 1.2 s (matmuls, with few synchronizations,
+    keep every thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _svd(A: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.svdvals(A)  # [..., min(m, n)]
+    with one_thread():
+        return torch.linalg.svdvals(A)  # [..., min(m, n)]
 
 
 def _gram_values(A: torch.Tensor) -> torch.Tensor:
     A = A.to(torch.float64)
     m, n = A.shape[-2:]
     G = A @ A.mT if m <= n else A.mT @ A  # [..., min(m, n), min(m, n)]
-    lam = torch.linalg.eigvalsh(G)  # ascending; tiny negatives are rounding
+    with one_thread():
+        lam = torch.linalg.eigvalsh(G)  # ascending; tiny negatives are rounding
     return lam.flip(-1).clamp_min(0).sqrt()
 
 

@@ -136,7 +136,8 @@ LIBRARY_FLAGS = {
     "calib_size": "--calib-size", "eval_size": "--eval-size", "batch_size": "--batch-size",
     "ratios": "--ratios", "advice_eps": "--advice-eps", "eps": "--eps", "alloc": "--alloc",
     "keys": "--keys", "bases": "--bases", "cache_dtype": "--cache-dtype", "length": "--length",
-    "tolerance": "--tolerance", "save": "--save"}
+    "tolerance": "--tolerance", "save": "--save", "heal": "--heal", "heal_at": "--heal-at",
+    "heal_loss": "--heal-loss"}
 LIBRARY_PARAM = re.compile(r"\b(" + "|".join(LIBRARY_FLAGS) + r")=")
 
 

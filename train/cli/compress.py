@@ -46,11 +46,14 @@ def add_parser(sub) -> None:
                    help="target ratios full / low-rank cache, each > 1 (1.5,2,4,8)")
     c.add_argument("--eps", metavar="LIST",
                    help="also measure r per layer = rank_eps at each eps (0 < eps < 1)")
-    c.add_argument("--alloc", default="uniform,greedy", metavar="LIST",
-                   help="how ranks are spread at each ratio: uniform (one r), greedy (by "
-                        "each head's share of its gain per byte, per layer and head), "
-                        "greedy-scaled (by the output error per byte, on one scale) "
-                        "(uniform,greedy)")
+    c.add_argument("--alloc", default="uniform,sensitivity,mixed", metavar="LIST",
+                   help="how the bytes are spread at each ratio: uniform (one r), "
+                        "sensitivity (r per layer, head, keys and values by the loss "
+                        "predicted per byte, from uniform up, kept only if no worse than "
+                        "uniform on calibration), mixed (per KV head full, low rank or a "
+                        "window + sinks, the same way), greedy (the former default: each "
+                        "head's share of its gain per byte), greedy-scaled "
+                        "(uniform,sensitivity,mixed)")
     c.add_argument("--keys", default="auto", metavar="{auto,pre-rope,post-rope}",
                    help="keys that get a basis: before RoPE (auto with RoPE) or as cached")
     c.add_argument("--bases", default="output", metavar="{output,energy}",
@@ -77,6 +80,17 @@ def add_parser(sub) -> None:
     c.add_argument("--save", metavar="DIR",
                    help="write the compressed model at the largest ratio within the "
                         "tolerance, with its bases, into DIR (a new or empty directory)")
+    c.add_argument("--heal", metavar="TOKENS",
+                   help="also fine-tune the setting --heal-at names for TOKENS tokens of the "
+                        "calibration text (LoRA on the attention projections, the cache's "
+                        "projections in place) and print its eval loss against them; with "
+                        "--save, the healed setting is the one saved (e.g. 500k)")
+    c.add_argument("--heal-at", metavar="RATIO",
+                   help="with --heal: the target ratio healed, one of --ratios (the best "
+                        "allocation measured there; default: the largest)")
+    c.add_argument("--heal-loss", metavar="{distill,lm}",
+                   help="with --heal: distill (KL to the uncompressed model's logits, the "
+                        "default) or lm (next-token cross-entropy)")
     c.add_argument("--record", action="store_true",
                    help="also write the document into the variant's directory as "
                         "compress.json: `rankzoo report` then shows the measured loss beside "
@@ -90,13 +104,20 @@ def cmd_compress(args, out: Console) -> int:
     only into new or empty directories, --record only a new compress.json (or, --force,
     over one); exit code 1 when --save found nothing to save."""
     from ..render.compress import compress_markdown, compress_table
+    from ..render.heal import heal_markdown, heal_table, saved_cache_text
 
     doc = _measure(args)
     if args.plot:
         from ..render.compress import write_plot
+        from ..render.heal import write_heal_plot
 
         print(f"rankzoo: wrote {write_plot(doc, args.plot)}", file=sys.stderr)
-    print_document(doc, args.format, out, lambda d: [compress_table(d)], compress_markdown)
+        if doc.get("heal"):
+            print(f"rankzoo: wrote {write_heal_plot(doc, args.plot)}", file=sys.stderr)
+    healed = bool(doc.get("heal"))
+    print_document(doc, args.format, out,
+                   lambda d: [compress_table(d), *([heal_table(d)] if healed else [])],
+                   lambda d: compress_markdown(d) + ("\n" + heal_markdown(d) if healed else ""))
     if args.record:  # after printing: a refusal now keeps the measurement on stdout
         from ..commands.compress.record import write_record
 
@@ -106,8 +127,10 @@ def cmd_compress(args, out: Console) -> int:
     if args.save is not None:
         if doc.get("saved") is None:
             return 1
+        cache = saved_cache_text(doc)
         print(f"rankzoo: wrote {doc['saved']['dir']} ({doc['saved']['setting']}, "
-              f"{doc['saved']['ratio']:.2f}x)", file=sys.stderr)
+              f"{doc['saved']['ratio']:.2f}x{', healed' if doc['saved'].get('healed') else ''})"
+              + (f"; {cache}" if cache else ""), file=sys.stderr)
     return 0
 
 
@@ -147,6 +170,7 @@ def _compress_progress(line: str) -> None:
 def _compress_options(args):
     """CompressOptions from the flags; a bad combination is one ValueError line."""
     from ..commands.compress import CompressOptions, cache_dtype
+    from ..sizing.units import parse_count
 
     problem = one_source_error("compress", args.run_dir, args.hf)
     if problem is not None:
@@ -167,10 +191,14 @@ def _compress_options(args):
         for dest in ("text", "eval_text", "seq_len", "device", "dtype", "advice_eps"):
             if getattr(args, dest) is not None:
                 raise ValueError(only_with_hf(dest, getattr(args, dest)))
+    if args.heal is None and (args.heal_at is not None or args.heal_loss is not None):
+        raise ValueError(f"--heal-{'at' if args.heal_at is not None else 'loss'} only "
+                         f"applies with --heal TOKENS")
+    heal_at = _numbers(args.heal_at, "--heal-at") if args.heal_at is not None else (None,)
     tolerance = _numbers(args.tolerance, "--tolerance")
     advice_eps = _numbers(args.advice_eps or "0.1", "--advice-eps")
-    if len(tolerance) != 1 or len(advice_eps) != 1:
-        raise ValueError("--tolerance and --advice-eps take one number each")
+    if len(tolerance) != 1 or len(advice_eps) != 1 or len(heal_at) != 1:
+        raise ValueError("--tolerance, --advice-eps and --heal-at take one number each")
     return CompressOptions(
         ratios=_numbers(args.ratios, "--ratios"),
         eps=_numbers(args.eps, "--eps") if args.eps else (),
@@ -179,7 +207,8 @@ def _compress_options(args):
         length=args.length,
         tolerance=tolerance[0], advice_eps=advice_eps[0], calib_size=args.calib_size,
         eval_size=args.eval_size, overlap=args.overlap, batch_size=args.batch_size,
-        save=args.save)
+        save=args.save, heal=None if args.heal is None else parse_count(args.heal, "--heal"),
+        heal_at=heal_at[0], heal_loss=args.heal_loss or "distill")
 
 
 def _numbers(text: str, flag: str) -> tuple[float, ...]:

@@ -131,10 +131,11 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
         raise out from None
     if not trainer.is_global_zero:
         return None
-    console.print(outcome(spec, trainer.global_step, final, seconds))
+    rate = tokens_per_second(spec.exp, trainer.global_step - start, trainer.world_size, seconds)
+    console.print(outcome(spec, trainer.global_step, final, seconds, rate))
     backends = sorted({b.backend for b in module.model.blocks})
     write_yaml(files.config, {**spec.config, "params": params, "backend_used": backends})
-    entry = write_run_report(spec.exp, spec.name, vdir, params, final, seconds,
+    entry = write_run_report(spec.exp, spec.name, vdir, params, final, seconds, rate,
                              seed=spec.config["seed"])
     write_status(vdir, "finished", trainer.global_step)
     console.print(f"{spec.name}: {status_line(entry['status'])}")
@@ -227,12 +228,30 @@ def describe(spec: RunSpec, params: int) -> str:
             f"{f['base_step']}), {f['trainable_params']:,} trainable of {params:,} parameters")
 
 
-def outcome(spec: RunSpec, step: int, final: dict[str, float], seconds: float) -> str:
-    """The line closing a run: its final figures (a fine-tune's beside its zero-shot)."""
+def outcome(spec: RunSpec, step: int, final: dict[str, float], seconds: float,
+            rate: float | None = None) -> str:
+    """The line closing a run: its final figures (a fine-tune's beside its zero-shot), the
+    fit's seconds and tokens per second."""
     zero_shot = spec.config.get("finetune", {}).get("zero_shot")
     before = "" if zero_shot is None else f" (zero-shot {zero_shot['val/accuracy']:.3f})"
+    speed = "" if rate is None else f", {rate:,.0f} tokens/s"
     return (f"{spec.name}: step {step}, val/accuracy {float(final['val/accuracy']):.3f}{before}, "
-            f"val/loss {float(final['val/loss']):.3f} ({seconds:.0f} s)")
+            f"val/loss {float(final['val/loss']):.3f} ({seconds:.0f} s{speed})")
+
+
+def tokens_per_step(exp: Experiment, world_size: int = 1) -> int:
+    """The tokens one optimizer step trains on, all ranks together: each rank's [B, T]
+    batch (train/data/loaders.py EpochBatches gives every rank batches of its own)."""
+    return exp.data.batch_size * exp.data.seq_len * world_size
+
+
+def tokens_per_second(exp: Experiment, steps: int, world_size: int,
+                      seconds: float) -> float | None:
+    """Training throughput over a fit's wall time (its validations and rank measurements
+    included): the tokens of the `steps` steps it took, per second; None for no steps."""
+    if steps <= 0 or seconds <= 0:
+        return None
+    return steps * tokens_per_step(exp, world_size) / seconds
 
 
 # ---------------------------------------------------------------- Lightning
@@ -259,16 +278,29 @@ class StepProgressBar(RichProgressBar):
 
 
 class ValidationLog(Callback):
-    """One line per validation: the plain-text stand-in for the progress bar."""
+    """One line per validation: the plain-text stand-in for the progress bar, with the
+    tokens per second since the line before (or the start of training)."""
 
-    def __init__(self, console: Console):
-        self.console = console
+    def __init__(self, console: Console, tokens_per_rank_step: int = 0):
+        self.console, self.tokens_per_rank_step = console, tokens_per_rank_step
+        self.tokens_per_step = tokens_per_rank_step
+        self.since: tuple[float, int] | None = None  # (perf_counter, global step) of the last line
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.tokens_per_step = self.tokens_per_rank_step * trainer.world_size
+        self.since = (time.perf_counter(), trainer.global_step)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.is_global_zero and not trainer.sanity_checking:
-            shown = " ".join(f"{k} {float(v):.4g}" for k, v in trainer.callback_metrics.items()
-                             if k.startswith(("train/loss", "val/")))
-            self.console.print(f"  step {trainer.global_step}: {shown}")
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        shown = " ".join(f"{k} {float(v):.4g}" for k, v in trainer.callback_metrics.items()
+                         if k.startswith(("train/loss", "val/")))
+        now, step = time.perf_counter(), trainer.global_step
+        if self.since is not None and step > self.since[1] and self.tokens_per_step:
+            rate = (step - self.since[1]) * self.tokens_per_step / (now - self.since[0])
+            shown += f" · {rate:,.0f} tokens/s"
+        self.since = (now, step)
+        self.console.print(f"  step {step}: {shown}")
 
 
 def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.Tensor,
@@ -286,7 +318,7 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
     # a live progress bar on a terminal; in logs and pipes, one line per validation instead
     progress = ([StepProgressBar(console_kwargs={"stderr": True})] if console.is_terminal
-                else [ValidationLog(console)])
+                else [ValidationLog(console, tokens_per_step(exp))])
     saver = StepCheckpoint(files.checkpoint, t.checkpoint_every_n_steps,
                            t.val_every_n_steps, batches,
                            on_save=lambda step: write_status(vdir, "running", step))
@@ -357,10 +389,12 @@ def fit_and_validate(trainer: L.Trainer, module: LMModule, train_loader, val_loa
 
 
 def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
-                     final: dict[str, float], seconds: float, seed: int) -> dict:
-    """report.json from the last rank record and the final metrics; returns the entry,
-    with the run's status: finished, and whether it learned against the baseline of its
-    task drawn from `seed` (train/rundir/status.py run_status)."""
+                     final: dict[str, float], seconds: float, rate: float | None,
+                     seed: int) -> dict:
+    """report.json from the last rank record and the final metrics (with the fit's
+    seconds and tokens per second, `rate`, where it took steps); returns the entry, with
+    the run's status: finished, and whether it learned against the baseline of its task
+    drawn from `seed` (train/rundir/status.py run_status)."""
     record = last_record(VariantFiles(vdir).ranks)
     # the per-count accuracies (val/accuracy/kv<n>) feed the recall-vs-capacity view
     metrics = finite_metrics({k: v for k, v in final.items()
@@ -368,6 +402,8 @@ def write_run_report(exp: Experiment, name: str, vdir: Path, params: int,
                               or k.startswith("val/accuracy/kv")})
     metrics["chance_accuracy"] = exp.data.chance_accuracy
     metrics["fit_seconds"] = seconds
+    if rate is not None:
+        metrics["tokens_per_second"] = rate
     status = run_status("finished", record["step"], exp.train.max_steps, metrics,
                         exp.data.spec().baseline(seed))
     entry = {"probe": {k: v for k, v in record.items() if k != "step"},

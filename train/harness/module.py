@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
@@ -11,19 +10,11 @@ import torch.nn.functional as F
 
 from ..data import IGNORE, accuracy, accuracy_by_kv_pairs
 from ..lm.decoder import build_model
-from .optim import build_optimizer
+from .optim import build_optimizer, build_schedule
 
 
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite: the run stops rather than train on."""
-
-
-def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """LR multiplier: linear warmup to 1 over `warmup` steps, cosine down to min_ratio."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class LMModule(L.LightningModule):
@@ -50,15 +41,26 @@ class LMModule(L.LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, _ = self._loss(batch)
         self._check_finite(loss)
-        # logger=False: train/harness/checkpoint.py's TrainScalars writes them to
-        # TensorBoard, before the step's checkpoint (Lightning would write them after it)
-        self.log("train/loss", loss, prog_bar=True, logger=False)
         aux = self._aux_loss()
-        if aux is not None:  # logged apart, so train/loss stays comparable across variants
-            self.log("train/aux_loss", aux, logger=False)
-            loss = loss + aux
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], logger=False)
-        return loss
+        if self._reads_train_scalars(self.global_step + 1):
+            # logger=False: train/harness/checkpoint.py's TrainScalars writes them to
+            # TensorBoard, before the step's checkpoint (Lightning would write them after it)
+            self.log("train/loss", loss, prog_bar=True, logger=False)
+            if aux is not None:  # logged apart, so train/loss stays comparable across variants
+                self.log("train/aux_loss", aux, logger=False)
+            self.log("train/lr", self.optimizers().param_groups[0]["lr"], logger=False)
+        return loss if aux is None else loss + aux
+
+    def _reads_train_scalars(self, step: int) -> bool:
+        """Whether anything reads the train/* scalars of the update that makes `step`:
+        TrainScalars (every log_every_n_steps), the validation line, the checkpoint's
+        metrics and the final ones. A Lightning log costs about a millisecond, a few % of
+        a small model's step, so the steps between are not logged (the progress bar shows
+        the last logged value)."""
+        t = self.config.get("train", {})
+        every = (t.get("log_every_n_steps", 1), t.get("val_every_n_steps", 1),
+                 t.get("checkpoint_every_n_steps", 1))
+        return step >= t.get("max_steps", step) or any(step % n == 0 for n in every)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         # checked before the optimizer step, so no checkpoint ever holds the weights the
@@ -72,9 +74,14 @@ class LMModule(L.LightningModule):
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
         # A finite loss can still take a step that overflows the weights (a too-high lr);
-        # stop here, before the checkpoint and the rank monitor of this step see them.
+        # stop here, before the checkpoint and the rank monitor of this step see them. One
+        # sum per tensor is the quick test (NaN and inf carry through a sum; isfinite is
+        # several times slower on CPU) and one sync on a GPU; the exact test names them.
+        with torch.no_grad():
+            if torch.stack([p.sum() for p in self.model.parameters()]).isfinite().all():
+                return
         bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
-        if bad:
+        if bad:  # else a sum overflowed, every weight finite
             raise NonFiniteLoss(
                 f"variant {self.config.get('variant', '?')!r}: the update at step "
                 f"{self.global_step} made {len(bad)} weight tensors non-finite ({bad[0]}, ...); "
@@ -103,9 +110,6 @@ class LMModule(L.LightningModule):
     def configure_optimizers(self):
         t = self.config["train"]
         optimizer = build_optimizer(self.model, t)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda step: warmup_cosine(step, t["warmup_steps"], t["max_steps"], t["min_lr_ratio"]),
-        )
+        schedule = build_schedule(optimizer, t)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,4 +1,5 @@
-"""Optimizers: AdamW (default), Muon on hidden weight matrices with AdamW on the rest, Lion.
+"""Optimizers: AdamW (default), Muon on hidden weight matrices with AdamW on the rest, Lion;
+and the learning-rate schedule every run steps them with (linear warmup, cosine decay).
 
 Muon is train/harness/muon.py's (torch's, orthogonalizing in the device's fast dtype).
 
@@ -11,6 +12,7 @@ checkpointing (its state dict holds both) keep working unchanged.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -86,3 +88,20 @@ def build_optimizer(model: DecoderLM, train: dict[str, Any]) -> torch.optim.Opti
         adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
         return Combined([muon, adamw])
     raise ValueError(f"train.optimizer must be one of adamw, muon, lion; got {name!r}")
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear warmup to 1 over `warmup` steps, cosine down to min_ratio."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_schedule(optimizer: torch.optim.Optimizer,
+                   train: dict[str, Any]) -> torch.optim.lr_scheduler.LambdaLR:
+    """The train section's schedule over `optimizer`, stepped once per optimizer step
+    (here, not in train/harness/module.py, so that a plain loop builds it without Lightning)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, train["warmup_steps"], train["max_steps"],
+                                              train["min_lr_ratio"]))

@@ -43,6 +43,11 @@ def key_metric(variant: dict) -> str:
     return "-" if name is None else f"{name} {metrics[name]:.3g}"
 
 
+def speed(variant: dict) -> str:
+    """Its training's tokens per second (over the fit's wall time), `-` where none."""
+    return fmt((variant.get("metrics") or {}).get("tokens_per_second"), ",.0f")
+
+
 def outcome(variant: dict, th: VerdictThresholds) -> str:
     """'finished, solved', 'finished, learned', 'stopped at 300/600', 'probed'."""
     s = variant.get("status")
@@ -113,11 +118,13 @@ def top_advice(report: dict, n: int = TOP_ADVICE) -> list[dict]:
 def answer_spec(report: dict) -> TableSpec:
     th = VerdictThresholds(**{k: v for k, v in (report.get("thresholds") or {}).items()
                               if k in asdict(VerdictThresholds()) and k != "heads"})
-    rows = [(v["variant"], outcome(v, th), key_metric(v), budget_line(v))
-            for v in report["variants"]]
-    return TableSpec(
+    trained = any("tokens_per_second" in (v.get("metrics") or {}) for v in report["variants"])
+    rows = [(v["variant"], outcome(v, th), key_metric(v), *([speed(v)] if trained else []),
+             budget_line(v)) for v in report["variants"]]
+    return TableSpec(  # tokens/s beside the key metric for runs that trained
         title=f"summary: {report.get('experiment') or '(unnamed)'}", heading="Summary",
         columns=(Column("variant"), Column("status"), Column("key metric"),
+                 *([Column("tokens/s", numeric=True)] if trained else []),
                  Column("budget: realized / declared, summed per part")),
         rows=rows)
 

@@ -16,20 +16,23 @@ from rich.table import Table
 
 from .table import TableSpec, columns, fmt, to_markdown, to_rich
 
-COLUMNS = ("setting", "ratio", "B/token", "bases B", "r per layer", "energy kept",
-           "eval loss", "Δ loss")
-TEXT_COLUMNS = ("setting", "r per layer")
+COLUMNS = ("setting", "ratio", "B/token", "bases B", "r per layer", "heads per layer",
+           "energy kept", "eval loss", "predicted Δ", "Δ loss")
+TEXT_COLUMNS = ("setting", "r per layer", "heads per layer")
 # wider than the compact style: rich's default padding, as this table has always been drawn
 STYLE = {"pad_edge": True, "padding": (0, 1)}
 
 
 def setting_name(row: dict) -> str:
-    """How a measured row's setting is named, in the table and in the verdict's text."""
+    """How a measured row's setting is named, in the table and in the verdict's text (a
+    checked allocation that kept the uniform ranks says so)."""
     if row["allocation"] == "advised":
         return "the advised ranks"
     if row["allocation"] == "eps":
         return f"rank_eps at eps {row['target']:g}"
-    return f"{row['allocation']} for {row['target']:g}x"
+    kept = (row.get("check") or {}).get("kept")
+    fell_back = " (uniform kept)" if kept == "uniform" else ""
+    return f"{row['allocation']} for {row['target']:g}x{fell_back}"
 
 
 def metric_name(doc: dict) -> str:
@@ -41,7 +44,8 @@ def row_cells(row: dict, metric: str) -> list[str]:
     name = "full cache" if row["allocation"] == "full" else setting_name(row)
     return [name, fmt(row["ratio"], ".2f") + "x", fmt(row["bytes_per_token"], ".1f"),
             fmt(row.get("basis_bytes"), ".0f"), row["ranks_summary"],
-            fmt(row["retained_energy"], ".4f"), fmt(row["loss"], ".4f"),
+            row.get("choices_summary") or "-", fmt(row["retained_energy"], ".4f"),
+            fmt(row["loss"], ".4f"), fmt(row.get("predicted_delta_loss"), "+.4f"),
             fmt(row["delta_loss"], "+.4f"),
             fmt(row.get(metric), ".4f" if metric == "accuracy" else ".3f")]
 
@@ -65,7 +69,17 @@ def compress_spec(doc: dict) -> TableSpec:
     names = (*COLUMNS, metric)
     return TableSpec(columns=columns(*names, numeric=set(names) - set(TEXT_COLUMNS)),
                      rows=[row_cells(r, metric) for r in doc["rows"]], title=header(doc),
-                     legend=f"verdict: {doc['verdict']['text']}")
+                     legend=f"verdict: {doc['verdict']['text']}" + _agreement(doc))
+
+
+def _agreement(doc: dict) -> str:
+    """The legend's second line: heads per layer's letters, and how well the predictions
+    agreed with the measurement."""
+    text = doc.get("agreement", {}).get("text")
+    if text is None:
+        return ""
+    return ("\nheads per layer: KV heads kept full (f), low rank (r), read through a window "
+            f"and sinks (w), a run of equal layers as first-last; {text}")
 
 
 def compress_table(doc: dict) -> Table:
@@ -82,6 +96,8 @@ def compress_markdown(doc: dict) -> str:
     """The table under a level-1 heading, then the verdict, the advice checked, the notes."""
     table = to_markdown(replace(compress_spec(doc), legend=""), level=1)
     lines = ["", f"**Verdict**: {doc['verdict']['text']}"]
+    if doc.get("agreement"):
+        lines += ["", f"**Predicted vs measured**: {doc['agreement']['text']}."]
     if doc.get("prediction"):
         lines += ["", f"Advice checked: {doc['prediction']['source']}."]
     lines += [f"- {n}" for n in doc.get("notes", [])]
@@ -96,7 +112,8 @@ def compress_figure(doc: dict):
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
     rows = doc["rows"]
-    for alloc, marker in (("uniform", "o"), ("greedy", "s"), ("eps", "^")):
+    for alloc, marker in (("uniform", "o"), ("greedy", "s"), ("sensitivity", "v"),
+                          ("mixed", "P"), ("eps", "^")):
         pts = sorted((r["bytes_per_token"], r["delta_loss"]) for r in rows
                      if r["allocation"] == alloc)
         if pts:

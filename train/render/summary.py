@@ -12,16 +12,19 @@ from rich.table import Table
 from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
 
 SUMMARY_METRICS = ("val/accuracy", "val/loss", "train/loss")
-SUMMARY_COLUMNS = ("variant", "step", "params", "budget total", "final Hc", *SUMMARY_METRICS)
+SUMMARY_COLUMNS = ("variant", "step", "params", "budget total", "final Hc", *SUMMARY_METRICS,
+                   "tokens/s")
 
 
 def _summary_cells(v: dict) -> list[str]:
     """variant, step, parameters, declared total, the final hidden states' centered erank
-    (pooled over the probe batch), then the headline metrics."""
+    (pooled over the probe batch), then the headline metrics and the training's tokens
+    per second."""
     m = v.get("metrics", {})
     return [v["variant"], str(v["step"]), f"{v['params']:,}", str(v["budget_total"]),
             fmt(v.get("final_hidden_centered_erank"), ".2f"),
-            *(fmt(m.get(k), ".4g") for k in SUMMARY_METRICS)]
+            *(fmt(m.get(k), ".4g") for k in SUMMARY_METRICS),
+            fmt(m.get("tokens_per_second"), ",.0f")]
 
 
 def summary_spec(report: dict) -> TableSpec:
@@ -32,7 +35,8 @@ def summary_spec(report: dict) -> TableSpec:
                  *(Column(c, numeric=True, wrap=True) for c in SUMMARY_COLUMNS[1:])),
         rows=[_summary_cells(v) for v in report["variants"]],
         legend="final Hc: centered erank of the hidden states the output head reads, pooled "
-               "over the probe batch", markdown_legend="")
+               "over the probe batch; tokens/s: training tokens over the fit's wall time",
+        markdown_legend="")
 
 
 def summary_table(report: dict) -> Table:

@@ -22,7 +22,8 @@ at that point (`rankzoo train` under a driver that patches the point in, below),
 A row passes when, after the resume, every run's report.json has the reference's
 val/loss (to 1e-6) and val/accuracy, its ranks.jsonl the same steps (nothing duplicated,
 nothing lost), sweep.json and finetune.json equal the reference's (numbers to 1e-6,
-seconds left out), the same run directories exist, and no temporary or lock file is left.
+seconds and tokens per second left out), the same run directories exist, and no temporary
+or lock file is left.
 The DDP rows do the same with 2 CPU processes (gloo) on the experiment without its sweep
 and fine-tune stage: rank zero is killed after a checkpoint, the rank it launched with it.
 
@@ -199,7 +200,8 @@ def documents(exp_dir: Path) -> dict[str, Any]:
 
 def without_seconds(doc: Any) -> Any:
     if isinstance(doc, dict):
-        return {k: without_seconds(v) for k, v in doc.items() if "seconds" not in k}
+        return {k: without_seconds(v) for k, v in doc.items()  # times, and rates over them
+                if "seconds" not in k and not k.endswith("per_second")}
     if isinstance(doc, list):
         return [without_seconds(v) for v in doc]
     return doc

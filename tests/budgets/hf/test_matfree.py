@@ -74,8 +74,8 @@ def test_matfree_ranks_equal_the_exact_path(family):
 
 
 def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
-    # chunks of 8 query rows and at most 16 singular values sought: at T = 64 a whole block
-    # would fit in one chunk, and a subspace of k = T vectors would be T x T as well
+    # chunks of 8 query rows' worth of scores and at most 16 singular values sought: at
+    # T = 64 a whole block would fit in one chunk, and a basis of T vectors would be T x T
     monkeypatch.setattr(budgets.rank.matfree, "CHUNK_ELEMENTS", B * H * T * 8)
     shapes = []
 
@@ -106,8 +106,9 @@ def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
     assert len(probe["layers"]) == 2 and shapes
     assert not any(kw.get("output_attentions") for kw in calls)
     assert weights and all(w is None for w in weights)  # no attention probabilities returned
-    # the largest: a block of 16 vectors [B, H, T, 16] and its image, a quarter of P's size
-    assert max(torch.Size(s).numel() for s in shapes) == B * H * T * 16
+    # the largest: the Krylov basis of k_max + one block of 16 vectors [B * H, T, 32], half
+    # of P's size
+    assert max(torch.Size(s).numel() for s in shapes) == B * H * T * (16 + 16)
     assert not any(s[-2:] == (T, T) for s in shapes)
 
 

@@ -89,24 +89,51 @@ def test_erank_only_where_the_whole_spectrum_was_seen():
 
 
 def test_products_never_hold_a_T_by_T_tensor(monkeypatch):
-    """With small chunks the largest tensor an operator makes is [B, H, chunk, T]."""
+    """With small chunks no product makes more than CHUNK_ELEMENTS elements: a chunk of
+    scores [B * H, rows, keys seen] with rows * keys <= 16 * 256, or the solver's basis
+    [B * H, T, k_max + k]."""
     import budgets.rank.matfree as mf
     monkeypatch.setattr(mf, "CHUNK_ELEMENTS", 2 * 4 * 16 * 256)
     q, k = heads(T=256)
     op = AttentionOperator(q, k, 0.5)
-    assert op.chunk == 16
+    assert len(op.chunks) > 4
+    assert max((t1 - t0) * (hi - lo) for t0, t1, lo, hi in op.chunks) <= 16 * 256
     biggest = 0
     real = torch.Tensor.__matmul__
 
     def spy(a, b):
         nonlocal biggest
         out = real(a, b)
-        biggest = max(biggest, out.shape[-2] * out.shape[-1])
+        biggest = max(biggest, out.numel())
         return out
 
     monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
     operator_metrics(op, eps=0.1, k=8, k_max=8)
-    assert 0 < biggest <= 16 * 256
+    assert 0 < biggest <= 2 * 4 * 16 * 256
+
+
+def test_a_causal_chunk_spans_only_the_keys_its_rows_see():
+    """The whole causal matrix costs its lower triangle: each chunk of rows ends at its last
+    row's key, and a window's chunk starts at its first row's first key."""
+    q, k = heads(T=200)
+    for window, rows, cols in [(None, None, None), (12, None, None),
+                               (None, (100, 200), (0, 100)), (12, (100, 200), (0, 100))]:
+        op = AttentionOperator(q, k, 0.5, window, rows, cols)
+        r0, r1 = op.rows
+        assert [c[:2] for c in op.chunks] == [(t0, t1) for t0, t1, _, _ in op.chunks]
+        assert op.chunks[0][0] == r0 and op.chunks[-1][1] == r1
+        for t0, t1, lo, hi in op.chunks:
+            assert hi == min(op.cols[1], t1)
+            assert lo == (op.cols[0] if window is None else max(op.cols[0], t0 - window + 1))
+        P = causal_probs(q, k, 0.5, window)[..., r0:r1, op.cols[0]:op.cols[1]].float()
+        X = torch.randn(*P.shape[:-2], P.shape[-1], 3, dtype=torch.float32)
+        torch.testing.assert_close(op.matmul(X), P @ X, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(op.gram(X), P.mT @ (P @ X), rtol=1e-4, atol=1e-5)
+        Y = torch.randn(*P.shape[:-2], P.shape[-2], 3)
+        torch.testing.assert_close(op.rmatmul(Y), P.mT @ Y, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(op.colsum(), P.sum(-2), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(op.fro2(), P.double().square().sum((-2, -1)), rtol=1e-5,
+                                   atol=1e-6)
 
 
 def test_low_rank_block_is_exact():

@@ -28,6 +28,8 @@ block by the kind of cache it declares):
   linear         the state S = sum phi(k) [v, 1]^T over its F feature rows: phi(k) -> P phi(k)
   ssm            the state h = sum x B^T over its N rows, per B/C group: B -> P B (the conv
                  state is kept in full)
+  a window head  (mixed, softmax family and HF layers without a window of their own) its
+                 KV head's query heads attend under a mask: the W recent keys and s sinks
 
 Bases: output-aware by default (each slot's error weighed as its reader sees it: keys
 through the queries and the attention, values through W_O and the attention, MLA's latent
@@ -37,11 +39,19 @@ are fitted once and shared, so they are weights: a row's ratio counts the codes 
 alone, its basis bytes once per model.
 
 Settings evaluated: the report's advised ranks (per KV head, rank_eps_pooled rounded up),
-and per target ratio a uniform r and a greedy allocation by gain per byte, and per --eps
-the per-layer rank_eps. The verdict: *verified* when the loss change
-at the advised ranks is within the tolerance, else *refuted*, naming the largest measured
-ratio that is. Nothing is written except --plot DIR and --save DIR (each new or empty)
-and, --record, the variant's compress.json.
+per target ratio one per allocation, and per --eps the per-layer rank_eps. The default
+allocations: uniform (one r), sensitivity (r per layer, head, keys and values apart, of
+least loss predicted by one backward pass per label sample on the calibration tokens,
+from the uniform ranks up, then kept only if no worse than uniform on the calibration
+data) and mixed (per KV head full, low rank or a window of W recent keys plus s sinks,
+the same way); greedy (gain per byte by each head's share) and greedy-scaled by name.
+Every row carries the loss change predicted for it beside the one measured, and the
+document their agreement (Spearman, predicted / measured).
+
+The verdict: *verified* when the loss change at the advised ranks is within the
+tolerance, else *refuted*, naming the largest measured ratio that is. Nothing is written
+except --plot DIR and --save DIR (each new or empty) and, --record, the variant's
+compress.json.
 
 One module per job:
   train/commands/compress/options.py      CompressOptions, the keys chosen, the constants
@@ -50,14 +60,27 @@ One module per job:
   train/commands/compress/hf_surgery.py   HFTarget: Hugging Face models' KV caches
   train/commands/compress/calibrate.py    calibration and evaluation data, the bases
   train/commands/compress/prediction.py       the report's advised ranks
-  train/commands/compress/measure.py      the settings, their rows, the verdict
+  train/commands/compress/sensitivity.py  the loss each choice is predicted to cost
+  train/commands/compress/windows.py      windows + sinks: masks, candidates, effects
+  train/commands/compress/allocate.py     a byte budget spent by predicted loss
+  train/commands/compress/choices.py      the sensitivity and mixed settings, their bytes
+  train/commands/compress/settings.py     the settings per ratio, the calibration check
+  train/commands/compress/agreement.py    predicted against measured
+  train/commands/compress/measure.py      the rows, the verdict
+  train/commands/compress/heal.py         --heal TOKENS: LoRA healing, the curve
   train/commands/compress/save.py         --save DIR
+  train/commands/compress/cache.py        the low-rank cache (codes per head), zoo's
+  train/commands/compress/hf_cache.py     ... as a transformers Cache
+  train/commands/compress/load.py         load_compressed: a saved model and its cache
   train/commands/compress/record.py       --record: the document kept in the variant's dir
   train/commands/compress/run.py          compress_run, compress_hf: the document
   train/render/compress.py                the table (rich, Markdown) and the figure
+  train/render/heal.py                    the healing curve's table and figure
 """
 
+from .load import Saved, load_compressed
 from .options import CompressOptions, cache_dtype
 from .run import compress_hf, compress_run
 
-__all__ = ["CompressOptions", "cache_dtype", "compress_hf", "compress_run"]
+__all__ = ["CompressOptions", "Saved", "cache_dtype", "compress_hf", "compress_run",
+           "load_compressed"]

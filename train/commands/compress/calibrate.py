@@ -39,22 +39,31 @@ def disjoint_rows(calib: torch.Tensor, evals: torch.Tensor) -> torch.Tensor:
                         dtype=torch.long)
 
 
-def zoo_data(config: dict, options: CompressOptions, notes: list[str]):
+def zoo_data(config: dict, options: CompressOptions, notes: list[str], labels: bool = False):
     """(calibration tokens [Nc, T], evaluation tokens and labels [Ne, T]) of a run: the
     first calib_size sequences of its training split and its validation split, rebuilt
-    from config.yaml's data section and seed as training built them."""
+    from config.yaml's data section and seed as training built them; `labels`: the
+    calibration's labels too, second: (calib, calib labels, eval, eval labels)."""
     from ...config.sections import DataConfig, parse_section
     from ...data import make_splits
 
     data = parse_section(config["data"], DataConfig, "data")
-    (train_x, _), (val_x, val_y) = make_splits(data.spec(), data.train_size, data.val_size,
-                                               int(config["seed"]))
+    (train_x, train_y), (val_x, val_y) = make_splits(data.spec(), data.train_size,
+                                                     data.val_size, int(config["seed"]))
     n = options.calib_size or min(ZOO_CALIBRATION, len(train_x))
-    source = val_x if options.overlap else train_x
+    source, source_y = (val_x, val_y) if options.overlap else (train_x, train_y)
     if n > len(source):
         raise ValueError(f"calib_size={n}: the {'validation' if options.overlap else 'training'}"
                          f" split holds {len(source)} sequences")
     calib = source[:n]
+    if labels:
+        return (calib, source_y[:n], *_zoo_eval(calib, val_x, val_y, options, notes, n))
+    return (calib, *_zoo_eval(calib, val_x, val_y, options, notes, n))
+
+
+def _zoo_eval(calib, val_x, val_y, options: CompressOptions, notes: list[str], n: int):
+    """(evaluation tokens, labels): the validation split, less the calibration's
+    sequences unless overlap."""
     m = options.eval_size or len(val_x)
     if m > len(val_x):
         raise ValueError(f"eval_size={m}: the validation split holds {len(val_x)} sequences")
@@ -62,14 +71,14 @@ def zoo_data(config: dict, options: CompressOptions, notes: list[str]):
     if options.overlap:
         notes.append(f"calibration on the validation split (overlap asked): the bases are "
                      f"fitted on {n} of the sequences evaluated")
-        return calib, eval_x, eval_y
+        return eval_x, eval_y
     keep = disjoint_rows(calib, eval_x)
     if len(keep) < m:
         notes.append(f"{m - len(keep)} validation sequences equal calibration sequences "
                      f"and are left out of the evaluation")
     if not len(keep):
         raise ValueError("every evaluation sequence is a calibration sequence")
-    return calib, eval_x[keep], eval_y[keep]
+    return eval_x[keep], eval_y[keep]
 
 
 def cut(ids: torch.Tensor, seq_len: int, size: int, flag: str, where: str,
@@ -131,15 +140,22 @@ class Calibration:
     used: dict = field(default_factory=dict)  # slot key -> "output" | "energy"
     residual: dict = field(default_factory=dict)  # layer -> mean ||h||^2 entering it
     one_scale: bool = False  # every gain in squared output error per token (greedy-scaled)
+    data: torch.Tensor | None = None  # the calibration tokens [N, T] (sensitivity.py)
+    labels: torch.Tensor | None = None  # their labels (zoo), None: every next token (HF)
+    batch_size: int = 1
+    sensitivity: object = None  # sensitivity.py's Sensitivity, once measure() ran it
+    grid: tuple = ()  # the windows it priced (windows.py window_grid)
     sequences: int = 0
     tokens: int = 0
     seconds: float = 0.0
 
 
-def calibrate(target, tokens: torch.Tensor, batch_size: int,
-              bases: str = "energy") -> Calibration:
+def calibrate(target, tokens: torch.Tensor, batch_size: int, bases: str = "energy",
+              labels: torch.Tensor | None = None) -> Calibration:
     """The statistics of every slot of `target` (a ZooTarget or an HFTarget) over tokens
-    [N, T], in batches, and the basis and gains each gives (bases: energy or output)."""
+    [N, T], in batches, and the basis and gains each gives (bases: energy or output); the
+    tokens and `labels` (a zoo run's: the positions whose loss counts) are kept for the
+    sensitivity pass and the calibration check."""
     start = time.perf_counter()
     stats = {s.key: SlotStats(s) for s in target.slots}
     where = next(target.model.parameters()).device
@@ -156,7 +172,8 @@ def calibrate(target, tokens: torch.Tensor, batch_size: int,
         for layer, e in energies.items():
             acc = residual.setdefault(layer, [0.0, 0])
             acc[0], acc[1] = acc[0] + e * batch.numel(), acc[1] + batch.numel()
-    cal = Calibration(stats, sequences=len(tokens), tokens=tokens.numel(),
+    cal = Calibration(stats, sequences=len(tokens), tokens=tokens.numel(), data=tokens,
+                      labels=labels, batch_size=batch_size,
                       residual={layer: total / n for layer, (total, n) in residual.items()})
     for key, st in stats.items():
         fit_basis(cal, key, st)

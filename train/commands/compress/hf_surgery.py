@@ -33,7 +33,8 @@ from budgets.hf.projections import Rows, discover
 from .lowrank import Slot, project_heads, project_rows
 from .options import resolve_keys
 from .readout import Weight, readout_weights
-from .surgery import Surgery, projected
+from .surgery import Surgery, projected, watching
+from .windows import head_mask, window_effects
 
 DISCOVERY_SEED = 0  # the random tokens the layers are found with
 
@@ -60,6 +61,8 @@ class HFTarget:
         self.keys = resolve_keys(keys, self.rope, f"the {self.g.model_type} model")
         self._check()
         self.index = {layer.module: i for i, layer in enumerate(self.layers)}
+        # layers whose KV heads may be read through a window: those without one of their own
+        self.window_layers = [i for i, layer in enumerate(self.layers) if layer.window is None]
         self.slots = [s for i, layer in enumerate(self.layers)
                       for s in (Slot(i, "k", layer.shape[1], layer.shape[2], window=layer.window),
                                 Slot(i, "v", layer.shape[1], layer.shape[3], window=layer.window))]
@@ -149,8 +152,9 @@ class HFTarget:
                                        call.scaling ** 2, self.rope)
         return {(i, "k"): keys, (i, "v"): values}
 
-    def apply(self, surgery: Surgery, P: dict) -> None:
-        """The projections, applied to the model through `surgery`."""
+    def apply(self, surgery: Surgery, P: dict, windows: dict | None = None) -> None:
+        """The projections, and the KV heads of `windows` ({(layer, g): (W, s)}) read
+        through their window, applied to the model through `surgery`."""
         for i, layer in enumerate(self.layers):
             Pk, Pv = P[(i, "k")], P[(i, "v")]
             if self.normed_keys:
@@ -158,9 +162,15 @@ class HFTarget:
             elif not self.rotated:
                 project_rows_at(surgery, layer.k, Pk)
             project_rows_at(surgery, layer.v, Pv)
-        if self.rotated:
-            surgery.enter(transformed(self.model, self._rotated_keys_projected(P),
-                                      "keys=post-rope on a RoPE model"))
+        if windows:
+            bad = sorted({i for i, _ in windows} - set(self.window_layers))
+            if bad:
+                raise ValueError(f"layers {bad} of the {self.g.model_type} model have a window "
+                                 f"of their own: compress offers them no other")
+        if self.rotated or windows:
+            fn = self._rotated_keys_projected(P) if self.rotated else _unchanged
+            surgery.enter(transformed(self.model, fn, "compress --hf (projected keys or windows)",
+                                      masks=self._window_masks(windows) if windows else None))
 
     def _rotated_keys_projected(self, P: dict):
         """fn(module, key, value) for `transformed`: each layer's rotated keys [B, G, T, K]
@@ -170,8 +180,66 @@ class HFTarget:
             return (key, value) if i is None else (project_heads(key, P[(i, "k")]), value)
         return fn
 
-    def projected(self, P: dict):
-        return projected(self, P)
+    def projected(self, P: dict, windows: dict | None = None):
+        return projected(self, P, windows)
+
+    def _window_masks(self, windows: dict):
+        """masks(module, query, mask) for `transformed`: the layer's mask with the windowed
+        KV heads' query heads reading their window and sinks alone, [B, H, T, Tk]."""
+        per_layer: dict[int, dict] = {}
+        for (i, g), w in windows.items():
+            per_layer.setdefault(i, {})[g] = w
+
+        def masks(module, query, mask):
+            heads = per_layer.get(self.index.get(module))
+            if not heads:
+                return mask
+            B, H, T, _ = query.shape
+            Tk = T if mask is None else mask.shape[-1]
+            allowed = _allowed(mask, T, Tk, query.device)  # [B or 1, 1, T, Tk]
+            G = self.layers[self.index[module]].shape[1]
+            both = allowed & head_mask(T, H, G, heads, query.device, Tk)[None]
+            if mask is None or mask.dtype == torch.bool:
+                return both
+            return torch.zeros(both.shape, dtype=mask.dtype, device=mask.device).masked_fill(
+                ~both, torch.finfo(mask.dtype).min)
+        return masks
+
+    def watched(self, record):
+        """Inside, a forward pass records the live keys and values (where they are
+        projected) and, record.grid, each window layer's attention output and window
+        effects (sensitivity.py); the model attends through the capture meanwhile."""
+        return watching(self, record, self._watch)
+
+    def _watch(self, surgery: Surgery, record) -> None:
+        if self.keys is Keys.PRE_ROPE:
+            for i, layer in enumerate(self.layers):
+                _watch_keys(surgery, record, i, layer)
+
+        def on_call(call: AttentionCall) -> None:
+            i = self.index.get(call.module)
+            if i is None:
+                return
+            if self.keys is not Keys.PRE_ROPE:
+                record.slot((i, "k"), call.key, _same)
+            record.slot((i, "v"), call.value, _same)
+            if record.grid and i in self.window_layers:
+                record.output(i, call.output, lambda t: t.transpose(1, 2))  # [B, H, T, V]
+                H, G = call.query.shape[1], call.value.shape[1]
+                with torch.no_grad():
+                    P = torch.cat([probabilities(call, rows) for rows in row_blocks(call)], -2)
+                    v = call.value.repeat_interleave(H // G, dim=1)  # [B, H, T, V]
+                    record.effects[i] = (window_effects(P, v, record.grid), G)
+
+        surgery.enter(capture(self.model, on_call))
+
+    def query_heads(self, i: int) -> int:
+        """H: the query heads of layer i (a KV head serves H / G of them)."""
+        return self.layers[i].shape[0]
+
+    def loss_logits(self, ids: torch.Tensor, labels=None) -> torch.Tensor:
+        """The logits [n, vocab] of every position that predicts a next token."""
+        return self.model(input_ids=ids, use_cache=False).logits[:, :-1].flatten(0, 1)
 
     @torch.no_grad()
     def evaluate(self, ids: torch.Tensor, labels=None, batch_size: int = 1) -> dict:
@@ -185,6 +253,41 @@ class HFTarget:
                                           reduction="sum"))
             count += chunk[:, 1:].numel()
         return {"loss": loss / count, "perplexity": math.exp(loss / count), "tokens": count}
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _unchanged(module, key, value):
+    return key, value
+
+
+def _allowed(mask: torch.Tensor | None, T: int, Tk: int, device) -> torch.Tensor:
+    """The keys a layer's own mask lets each query read, boolean [B or 1, 1, T, Tk]: SDPA's
+    boolean mask, eager's additive one (hidden where it is far below 0), or causal."""
+    if mask is None:
+        return torch.ones(T, Tk, dtype=torch.bool, device=device).tril(Tk - T)[None, None]
+    if mask.dtype == torch.bool:
+        return mask[..., :T, :Tk]
+    return mask[..., :T, :Tk] > torch.finfo(mask.dtype).min / 2
+
+
+def _watch_keys(surgery: Surgery, record, i: int, layer) -> None:
+    """Layer i's live keys before RoPE: the output of the per-head norm that gives them,
+    or the rows of the linear that does."""
+    G, K = layer.shape[1], layer.shape[2]
+    if layer.k.through is not None:
+        def normed(t: torch.Tensor) -> torch.Tensor:
+            tokens_first = t.shape[-2] == G and t.shape[1] != G
+            return t.transpose(1, 2) if tokens_first else t  # [B, G, T, K]
+        surgery.hook(layer.k.through, lambda m, a, out: record.slot((i, "k"), out, normed))
+        return
+    index = layer.k.index
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t[..., index.to(t.device)].view(t.shape[0], t.shape[1], G, K).transpose(1, 2)
+    surgery.hook(layer.k.linear, lambda m, a, out: record.slot((i, "k"), out, rows))
 
 
 def project_rows_at(surgery: Surgery, rows: Rows, P: torch.Tensor) -> None:

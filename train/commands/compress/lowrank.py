@@ -335,7 +335,7 @@ def greedy_ranks(slots: list[Slot], gains: dict, target: float, nbytes: int, T: 
     spent = now["bytes_per_token"]
     if spent > budget * (1 + 1e-12):
         return None
-    cost = {s.key: _direction_bytes(s, nbytes, T, shared) for s in slots}
+    cost = {s.key: direction_bytes(s, nbytes, T, shared) for s in slots}
     value = {s.key: _scores(gains[s.key], shares) for s in slots}
     heap = [(-value[s.key][g][1] / cost[s.key], s.key, g)
             for s in slots if s.width > 1 for g in range(s.heads)]
@@ -354,7 +354,7 @@ def greedy_ranks(slots: list[Slot], gains: dict, target: float, nbytes: int, T: 
     return ranks
 
 
-def _direction_bytes(s: Slot, nbytes: int, T: int, shared: bool) -> float:
+def direction_bytes(s: Slot, nbytes: int, T: int, shared: bool) -> float:
     """Bytes per token one more kept direction of one head of slot s costs."""
     one = slot_bytes(s, [1] + [0] * (s.heads - 1), nbytes, T, shared)["low"]
     return one - slot_bytes(s, [0] * s.heads, nbytes, T, shared)["low"]

@@ -2,18 +2,23 @@
 
     rows, chosen, baseline = measure(target, cal, evaluate, options, T, prediction, notes)
     verdict(rows, prediction, tolerance)   # {"verdict": "verified" | "refuted" | None, ...}
+    extras(rows, cal)                      # the document's sensitivity, windows, agreement
 
-Settings: the report's advised ranks, per target ratio a uniform r and a greedy allocation
-by gain per byte (train/commands/compress/lowrank.py), and per eps the per-layer rank_eps.
+Settings (train/commands/compress/settings.py): the report's advised ranks, per target
+ratio one per allocation (uniform, greedy, greedy-scaled, sensitivity, mixed), and per eps
+the per-layer rank_eps. Before any is evaluated, the sensitivity pass
+(train/commands/compress/sensitivity.py) prices every choice on the calibration tokens, so
+each row carries the loss change predicted for it beside the one measured.
 
 Cost model: the bases are fitted once on calibration data and shared by every sequence,
 so they are weights: a row's ratio and bytes_per_token count the codes per token alone,
 its basis_bytes are paid once per model (ratio_per_sequence: the same ranks with the
-bases paid per sequence at T, the report's per-sequence accounting).
+bases paid per sequence at T, the report's per-sequence accounting). A windowed head
+holds its keys and values whole for min(W + s, T) of T tokens.
 
-Each setting is evaluated with every slot projected to its ranks; settings with the same
-ranks are evaluated once. The verdict: *verified* when the loss change at
-the advised ranks is within the tolerance, else *refuted*, naming the largest measured
+Each setting is evaluated with every slot projected to its ranks and its windowed heads
+masked; settings alike are evaluated once. The verdict: *verified* when the loss change
+at the advised ranks is within the tolerance, else *refuted*, naming the largest measured
 ratio that is.
 """
 
@@ -22,67 +27,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from budgets.cache import CostModel
-
 from ...render.compress import setting_name
+from .agreement import agreement
 from .calibrate import Calibration
-from .lowrank import (
-    Slot,
-    cache_bytes,
-    eps_ranks,
-    full_ranks,
-    greedy_ranks,
-    projectors,
-    retained_energy,
-    uniform_ranks,
-)
+from .choices import Setting, choices_summary, layer_choices, setting_bytes, window_candidates
+from .lowrank import Slot, cache_bytes, full_ranks, projectors, retained_energy
 from .options import MIN_COMPRESSION, CompressOptions
+from .sensitivity import sensitivity
+from .settings import COST_MODEL, SHARED, settings
+from .windows import MIN_KEPT, SINKS, classes, window_grid
 
-COST_MODEL = CostModel.SHARED  # the bases are weights (module docstring)
-SHARED = COST_MODEL == CostModel.SHARED  # lowrank's flag for it
-
-
-def _uniform(slots, cal, ratio, nbytes, T):
-    return uniform_ranks(slots, ratio, nbytes, T, SHARED)
-
-
-def _greedy(slots, cal, ratio, nbytes, T):
-    return greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, shares=True)
-
-
-def _greedy_scaled(slots, cal, ratio, nbytes, T):
-    return greedy_ranks(slots, cal.energy, ratio, nbytes, T, SHARED, shares=False)
-
-
-# allocation -> its ranks for a target ratio (train/commands/compress/lowrank.py)
-ALLOCATE = {"uniform": _uniform, "greedy": _greedy, "greedy-scaled": _greedy_scaled}
-
-
-def settings(target, cal: Calibration, options: CompressOptions, T: int,
-             prediction: dict | None, notes: list[str]) -> list[tuple[str, float | None, dict]]:
-    """(allocation, target ratio or eps, ranks) to evaluate: the report's advice first."""
-    out = []
-    if prediction is not None:
-        out.append(("advised", None, prediction["ranks"]))
-    nbytes, slots = options.nbytes, target.slots
-    allocations = list(options.allocations)
-    if "greedy-scaled" in allocations and not cal.one_scale:
-        allocations.remove("greedy-scaled")
-        notes.append("greedy-scaled: left out: its gains are not on one scale here (energy "
-                     "bases, a recurrent state or MoE's shared KV head)")
-    for ratio in options.ratios:
-        for alloc in allocations:
-            ranks = ALLOCATE[alloc](slots, cal, ratio, nbytes, T)
-            if ranks is None:
-                floor = cache_bytes(slots, {s.key: [1] * s.heads for s in slots}, nbytes, T,
-                                    SHARED)
-                notes.append(f"{alloc} {ratio:g}x: out of reach: at r = 1 everywhere the cache "
-                             f"is {floor['ratio']:.2f}x smaller")
-                continue
-            out.append((alloc, ratio, ranks))
-    for eps in options.eps:
-        out.append(("eps", eps, eps_ranks(cal.stats, eps)))
-    return out
+__all__ = ["COST_MODEL", "bases_used", "extras", "measure", "verdict"]
 
 
 def ranks_by_kind(slots: list[Slot], ranks: dict) -> dict[str, list[list[int]]]:
@@ -121,16 +76,21 @@ def full_row(target, nbytes: int, T: int, baseline: dict) -> dict:
             "code_bytes_per_token": full["full_bytes_per_token"], "basis_bytes": 0,
             "ranks": ranks_by_kind(target.slots, full_ranks(target.slots)),
             "ranks_summary": "full", "retained_energy": 1.0, "bases": None, "delta_loss": 0.0,
+            "predicted_delta_loss": 0.0, "choices": None, "choices_summary": "full",
+            "windows": [], "check": None,
             **{k: v for k, v in baseline.items() if k != "tokens"},
             **({"delta_accuracy": 0.0} if "accuracy" in baseline else {})}
 
 
-def make_row(target, cal: Calibration, alloc: str, goal, ranks: dict, nbytes: int, T: int,
-             metrics: dict, baseline: dict) -> dict:
-    size = cache_bytes(target.slots, ranks, nbytes, T, SHARED)
-    per_sequence = cache_bytes(target.slots, ranks, nbytes, T)["ratio"]
+def make_row(target, cal: Calibration, alloc: str, goal, setting: Setting, nbytes: int,
+             T: int, metrics: dict, baseline: dict, predicted: float | None = None,
+             check: dict | None = None) -> dict:
+    ranks = setting.ranks
+    size = setting_bytes(target.slots, setting, nbytes, T, SHARED)
+    per_sequence = setting_bytes(target.slots, setting, nbytes, T)["ratio"]
     kept = [x for s in target.slots for x in retained_energy(cal.energy[s.key], ranks[s.key])]
     by_kind = ranks_by_kind(target.slots, ranks)
+    per_layer = layer_choices(target.slots, setting)
     row = {"allocation": alloc, "target": goal, "ratio": size["ratio"],
            "ratio_per_sequence": per_sequence, "cost_model": COST_MODEL,
            "bytes_per_token": size["bytes_per_token"],
@@ -139,6 +99,10 @@ def make_row(target, cal: Calibration, alloc: str, goal, ranks: dict, nbytes: in
            "ranks_per_layer": {k: [sum(ly) / len(ly) for ly in v] for k, v in by_kind.items()},
            "ranks_summary": ranks_summary(by_kind),
            "retained_energy": sum(kept) / len(kept), "bases": bases_used(target.slots, cal),
+           "choices": per_layer, "choices_summary": choices_summary(per_layer),
+           "windows": [{"layer": layer, "kv_head": g, "window": W, "sinks": s}
+                       for (layer, g), (W, s) in sorted(setting.windows.items())],
+           "predicted_delta_loss": predicted, "check": check,
            "loss": metrics["loss"], "delta_loss": metrics["loss"] - baseline["loss"]}
     for name in ("accuracy", "perplexity"):
         if name in metrics:
@@ -148,31 +112,76 @@ def make_row(target, cal: Calibration, alloc: str, goal, ranks: dict, nbytes: in
     return row
 
 
+def _grid(target, cal: Calibration, options: CompressOptions, T: int) -> tuple[int, ...]:
+    """The windows tried (windows.py window_grid), where mixed is asked and the target
+    has layers that take one."""
+    if "mixed" not in options.allocations or not getattr(target, "window_layers", None):
+        return ()
+    return window_grid(int(cal.data.shape[1]), T)
+
+
 def measure(target, cal: Calibration, evaluate: Callable[[], dict], options: CompressOptions,
             T: int, prediction: dict | None, notes: list[str],
             progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict, dict]:
     """(rows: the full cache first, then each setting; the ranks of each row by index;
-    the full model's evaluation)."""
+    the full model's evaluation). The sensitivity pass's result is kept in
+    cal.sensitivity, the windows tried in cal.grid (for extras)."""
     nbytes = options.nbytes
     began = time.perf_counter()
     baseline = evaluate()
     rows = [full_row(target, nbytes, T, baseline)]
     chosen = {0: None}
-    todo = settings(target, cal, options, T, prediction, notes)
+    cal.grid = _grid(target, cal, options, T)
+    cal.sensitivity = sensitivity(target, cal, cal.batch_size, cal.grid)
+    if progress is not None:
+        progress(f"sensitivity pass · {cal.sensitivity.seconds:.1f} s")
+    todo = settings(target, cal, cal.sensitivity, options, T, prediction, notes, cal.grid,
+                    progress)
     seen: dict[tuple, dict] = {}
-    for n, (alloc, goal, ranks) in enumerate(todo, 1):
-        signature = tuple((k, tuple(v)) for k, v in sorted(ranks.items()))
+    for n, (alloc, goal, setting, check) in enumerate(todo, 1):
+        signature = setting.signature()
         if signature not in seen:
-            P = {key: projectors(cal.bases[key], ranks[key], cal.encoders.get(key))
-                 for key in ranks}
-            with target.projected(P):
+            P = {key: projectors(cal.bases[key], setting.ranks[key], cal.encoders.get(key))
+                 for key in setting.ranks}
+            with target.projected(P, setting.windows):
                 seen[signature] = evaluate()
-        rows.append(make_row(target, cal, alloc, goal, ranks, nbytes, T, seen[signature],
-                             baseline))
-        chosen[len(rows) - 1] = ranks
+        predicted = cal.sensitivity.predict(setting.ranks, setting.windows)
+        rows.append(make_row(target, cal, alloc, goal, setting, nbytes, T, seen[signature],
+                             baseline, predicted, check))
+        chosen[len(rows) - 1] = setting.ranks
         if progress is not None:
             progress(f"{n}/{len(todo)} settings measured · {time.perf_counter() - began:.1f} s")
     return rows, chosen, baseline
+
+
+def extras(rows: list[dict], cal: Calibration) -> dict:
+    """The document's "sensitivity" (what was predicted, how), "windows" (the candidates
+    per KV head, from the head statistics) and "agreement" (agreement.py)."""
+    sens = getattr(cal, "sensitivity", None)
+    return {"sensitivity": None if sens is None else sens.summary(),
+            "windows": None if sens is None else _windows_tried(sens, cal),
+            "agreement": agreement(rows)}
+
+
+def _windows_tried(sens, cal: Calibration) -> dict | None:
+    """Per window layer and KV head: its query heads' classes, the share each window
+    keeps, and the windows offered."""
+    grid = getattr(cal, "grid", ())
+    if not grid:
+        return None
+    layers = []
+    for layer, kept in sorted(sens.kept.items()):
+        H = len(next(iter(kept.values())))
+        G = len(sens.window_losses(layer, grid[0])) if (layer, grid[0]) in sens.windows else 1
+        n = H // G
+        heads_classes = classes(sens.stats[layer])
+        layers.append({"layer": layer, "kv_heads": [
+            {"classes": heads_classes[g * n:(g + 1) * n],
+             "first_token_mass": sens.stats[layer]["first_token_mass"][g * n:(g + 1) * n],
+             "diagonal_mass": sens.stats[layer]["diagonal_mass"][g * n:(g + 1) * n],
+             "kept": {str(W): float(share[g * n:(g + 1) * n].mean()) for W, share in kept.items()},
+             "candidates": window_candidates(sens, layer, g, n, grid)} for g in range(G)]})
+    return {"grid": list(grid), "sinks": SINKS, "min_kept": MIN_KEPT, "layers": layers}
 
 
 def verdict(rows: list[dict], prediction: dict | None, tolerance: float) -> dict:

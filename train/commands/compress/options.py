@@ -20,13 +20,15 @@ from ...sizing.units import DTYPE_LONG, dtype_name
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
 KEYS = ("auto", *(keys.value for keys in Keys))  # --keys: auto, pre-rope, post-rope
-ALLOCATIONS = ("uniform", "greedy", "greedy-scaled")
-DEFAULT_ALLOCATIONS = ("uniform", "greedy")
+# train/commands/compress/settings.py ALLOCATE; sensitivity is the default allocation
+ALLOCATIONS = ("uniform", "greedy", "greedy-scaled", "sensitivity", "mixed")
+DEFAULT_ALLOCATIONS = ("uniform", "sensitivity", "mixed")
 BASES = ("output", "energy")  # output-aware (weighted by the reader) or by energy alone
 DEFAULT_RATIOS = (1.5, 2.0, 4.0, 8.0)
 DEFAULT_TOLERANCE = 0.02  # nats per token: exp(0.02) = 2% perplexity
 MIN_COMPRESSION = VerdictThresholds().min_compression  # the report's per-layer advice floor
 ZOO_CALIBRATION = 64  # sequences of the training split
+HEAL_OBJECTIVES = ("distill", "lm")  # --heal-loss: train/commands/compress/heal.py HEAL_LOSSES
 
 
 def cache_dtype(text: str) -> str:
@@ -53,6 +55,9 @@ class CompressOptions:
     overlap: bool = False  # let calibration and evaluation share data
     batch_size: int | None = None  # sequences per forward pass (zoo: the run's; HF: 1)
     save: str | None = None  # write the compressed model here (a new or empty directory)
+    heal: int | None = None  # tokens to heal a setting for (train/commands/compress/heal.py)
+    heal_at: float | None = None  # the target ratio healed; None: the largest of ratios
+    heal_loss: str = "distill"  # distill (against the full model's logits) or lm
 
     def __post_init__(self) -> None:
         self._check_targets()
@@ -67,6 +72,7 @@ class CompressOptions:
         cache_dtype(self.cache_dtype)
         if not 0 <= self.tolerance < math.inf:  # inf: no JSON number, and no test at all
             raise ValueError(f"tolerance={self.tolerance:g}: expected a finite number >= 0")
+        self._check_heal()
         for name in ("length", "calib_size", "eval_size", "batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -87,6 +93,22 @@ class CompressOptions:
             raise ValueError(f"advice_eps={self.advice_eps:g}: expected 0 < eps < 1")
         if not self.ratios and not self.eps:
             raise ValueError("ratios= and eps= are both empty: nothing to measure")
+
+    def _check_heal(self) -> None:
+        if self.heal_loss not in HEAL_OBJECTIVES:
+            raise ValueError(f"heal_loss={self.heal_loss}: one of {', '.join(HEAL_OBJECTIVES)}")
+        if self.heal is None:
+            if self.heal_at is not None or self.heal_loss != "distill":
+                raise ValueError("heal_at= and heal_loss= only apply with heal=TOKENS")
+            return
+        if self.heal < 1:
+            raise ValueError(f"heal={self.heal}: expected a positive number of tokens")
+        if self.heal_at is not None and self.heal_at not in self.ratios:
+            raise ValueError(f"heal_at={self.heal_at:g}: not among ratios="
+                             f"{','.join(f'{x:g}' for x in self.ratios)} (the setting healed "
+                             f"is one measured)")
+        if self.heal_at is None and not self.ratios:
+            raise ValueError("heal= needs a target ratio to heal (ratios= is empty)")
 
     @property
     def nbytes(self) -> int:

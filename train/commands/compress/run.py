@@ -20,9 +20,10 @@ from budgets.cache import CostModel
 
 from ...rundir.lock import in_progress_note
 from .calibrate import Calibration, calibrate, hf_data, zoo_data
+from .heal import HEAL_BATCH, ModelData, check_heal, heal, hf_heal_data, zoo_heal_data
 from .hf_surgery import HFTarget
 from .lowrank import cache_bytes
-from .measure import COST_MODEL, bases_used, measure, verdict
+from .measure import COST_MODEL, bases_used, extras, measure, verdict
 from .options import SCHEMA, SCHEMA_VERSION, CompressOptions, cache_dtype
 from .prediction import hf_prediction, zoo_prediction
 from .save import check_save_dir, save_compressed, save_hf, save_zoo
@@ -104,6 +105,7 @@ def document(source: dict, target, cal: Calibration, options: CompressOptions, T
                         "seconds": cal.seconds},
         "evaluation": evaluation, "prediction": pred,
         "rows": rows, "verdict": verdict(rows, prediction, options.tolerance),
+        **extras(rows, cal),
         "notes": list(notes), "seconds": seconds,
     }
 
@@ -123,14 +125,15 @@ def compress_run(run_dir, options: CompressOptions | None = None,
         notes.append(writing)
     target = ZooTarget(model, options.keys)
     check_save_dir(options.save, target.saveable)
-    calib, eval_x, eval_y = zoo_data(config, options, notes)
+    check_heal(target, options)
+    calib, calib_y, eval_x, eval_y = zoo_data(config, options, notes, labels=True)
     batch = options.batch_size or int(config["data"].get("batch_size", 32))
     prediction = zoo_prediction(vdir, target, options.nbytes, notes)
     T = options.length or (prediction["seq_len"] if prediction else int(calib.shape[1]))
     if prediction is not None and prediction["seq_len"] != T:
         notes.append(f"bases amortized at length={T}, the report's at T = "
                      f"{prediction['seq_len']}: the advised ratio reads differently here")
-    cal = calibrate(target, calib, batch, options.bases)
+    cal = calibrate(target, calib, batch, options.bases, labels=calib_y)
     rows, chosen, baseline = measure(target, cal,
                                      lambda: target.evaluate(eval_x, eval_y, batch),
                                      options, T, prediction, notes, progress)
@@ -141,7 +144,10 @@ def compress_run(run_dir, options: CompressOptions | None = None,
               "block": target.block_kind, "step": step}
     return finish(document(source, target, cal, options, T, prediction, rows, evaluation,
                            notes, time.perf_counter() - began),
-                  target, cal, chosen, options, notes, lambda d: save_zoo(d, model, config))
+                  target, cal, chosen, options, notes, lambda d: save_zoo(d, model, config),
+                  ModelData(lambda: zoo_heal_data(config),
+                            lambda: target.evaluate(eval_x, eval_y, batch), eval_x, batch,
+                            progress))
 
 
 def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = None, *,
@@ -165,11 +171,11 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
     model_dir = Path(model_dir)
     target, tokenizer = _hf_target(model_dir, options, where, dtype, seq_len)
     calib_size, eval_size = options.calib_size or 4, options.eval_size or 4
-    calib, evals = hf_data(calib_data, eval_data, tokenizer,
-                           int(target.model.config.vocab_size),
+    first = bos_of(tokenizer) if bos and tokenizer is not None else None
+    vocab = int(target.model.config.vocab_size)
+    calib, evals = hf_data(calib_data, eval_data, tokenizer, vocab,
                            seq_len, calib_size, eval_size, options.overlap, str(text),
-                           str(eval_text), notes,
-                           bos_of(tokenizer) if bos and tokenizer is not None else None)
+                           str(eval_text), notes, first)
     batch = options.batch_size or 1
     T = options.length or seq_len
     cal = calibrate(target, calib, batch, options.bases)
@@ -187,15 +193,21 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
               else "bytes % vocab_size", "bos": bos_text(tokenizer, bos)}
     return finish(document(source, target, cal, options, T, prediction, rows, evaluation,
                            notes, time.perf_counter() - began),
-                  target, cal, chosen, options, notes, lambda d: save_hf(d, target, tokenizer))
+                  target, cal, chosen, options, notes, lambda d: save_hf(d, target, tokenizer),
+                  ModelData(lambda: hf_heal_data(calib_data, eval_data, tokenizer, vocab,
+                                                 seq_len, calib_size, options.overlap,
+                                                 str(text), first, notes),
+                            lambda: target.evaluate(evals, batch_size=batch), evals,
+                            options.batch_size or HEAL_BATCH, progress))
 
 
 def finish(doc: dict, target, cal: Calibration, chosen: dict, options: CompressOptions,
-           notes: list[str], save: Callable[[Path], None]) -> dict:
-    """The document with --save done (`save` writes the model into a directory) and the
-    notes as they stand after it."""
+           notes: list[str], save: Callable[[Path], None], data: ModelData) -> dict:
+    """The document with --heal and --save done (`save` writes the model into a
+    directory; heal.py and save.py say what `data` serves) and the notes after them."""
+    healed = heal(doc, target, cal, chosen, options, data, notes) if options.heal else None
     if options.save:
-        save_compressed(doc, target, cal, chosen, options, notes, save)
+        save_compressed(doc, target, cal, chosen, options, notes, save, healed, data)
     doc["notes"] = list(notes)
     return doc
 
@@ -210,6 +222,7 @@ def _hf_target(model_dir: Path, options: CompressOptions, where, dtype: str,
     model, tokenizer = load_model(model_dir, dtype)
     target = HFTarget(model.to(where), options.keys)
     check_save_dir(options.save, target.saveable)
+    check_heal(target, options)
     target.g.check_seq_len(seq_len)
     return target, tokenizer
 

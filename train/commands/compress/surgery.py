@@ -2,6 +2,7 @@
 
     with projected(target, P):          # target.apply(surgery, P) in force
         loss = target.evaluate(...)     # every change undone on exit
+    with projected(target, P, {(layer, g): (W, s)}):   # and those KV heads windowed
 
 A target (train/commands/compress/zoo_surgery.py's ZooTarget, hf_surgery.py's HFTarget)
 applies its projections through a Surgery, which records how to undo each one.
@@ -40,6 +41,9 @@ class Surgery:
     def hook(self, module: nn.Module, fn: Callable) -> None:
         self.undo.append(module.register_forward_hook(fn).remove)
 
+    def pre_hook(self, module: nn.Module, fn: Callable) -> None:
+        self.undo.append(module.register_forward_pre_hook(fn).remove)
+
     def enter(self, context: contextlib.AbstractContextManager) -> None:
         """A context manager entered now and exited in its turn on restore (a model made
         to attend through another function, budgets/hf/capture.py transformed)."""
@@ -60,11 +64,26 @@ def project_linear(surgery: Surgery, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 @contextlib.contextmanager
-def projected(target, P: dict):
-    """target.model with target.apply(surgery, P) in force; every change undone on exit."""
+def projected(target, P: dict, windows: dict | None = None):
+    """target.model with target.apply(surgery, P) in force (and the KV heads of `windows`,
+    {(layer, g): (W, s)}, read through their windows); every change undone on exit."""
     surgery = Surgery()
     try:
-        target.apply(surgery, P)
+        if windows:
+            target.apply(surgery, P, windows)
+        else:
+            target.apply(surgery, P)
         yield target.model
+    finally:
+        surgery.restore()
+
+
+@contextlib.contextmanager
+def watching(target, record, watch: Callable):
+    """Inside, watch(surgery, record) has installed its hooks; all removed on exit."""
+    surgery = Surgery()
+    try:
+        watch(surgery, record)
+        yield record
     finally:
         surgery.restore()

@@ -22,6 +22,8 @@ known kind needs no edit here:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,11 +32,20 @@ import zoo
 from budgets.cache import Keys
 from budgets.probe.inputs import module_inputs
 from zoo.block import CacheSlot, split_heads
+from zoo.ops.attention.reference import causal_band, expand_kv
 
 from .lowrank import Slot, project_heads
 from .options import resolve_keys
 from .readout import Weight, query_weight, readout_weights
-from .surgery import Surgery, project_linear, projected
+from .surgery import Surgery, project_linear, projected, watching
+from .windows import head_mask, window_effects
+
+
+def next_tokens(tokens: torch.Tensor) -> torch.Tensor:
+    """Labels [B, T] of next-token prediction: tokens shifted left, the last ignored."""
+    from ...data import IGNORE
+
+    return torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], IGNORE)], dim=1)
 
 
 def slot_of(layer: int, slot: CacheSlot) -> Slot:
@@ -81,6 +92,76 @@ class KVProjection:
             return "keys after RoPE are projected inside the attention, not through a weight"
         return None
 
+    def watch(self, target: ZooTarget, surgery: Surgery, i: int, block, record) -> None:
+        """The live keys (where they are projected) and values of layer i into record."""
+        G = target.by_key[(i, "k")].heads
+        if target.keys is Keys.PRE_ROPE or not target.rope:
+            surgery.hook(block.k_proj, _recording(record, (i, "k"), G))
+        else:
+            surgery.patch(block, "keys_values", _keys_recorded(block.keys_values, record, i))
+        surgery.hook(block.v_proj, _recording(record, (i, "v"), G))
+
+    def windowable(self, block) -> bool:
+        """A block of the softmax family's explicit form (queries, keys and values from
+        `project`, read through `o_proj`) without a window of its own."""
+        return (callable(getattr(block, "project", None)) and hasattr(block, "o_proj")
+                and getattr(block, "window", None) is None)
+
+
+def _recording(record, key, heads: int):
+    """A forward hook putting a projection's output [B, T, G*K] into record."""
+    def hook(module, args, out):
+        record.slot(key, out, lambda t: t.view(t.shape[0], t.shape[1], heads, -1)
+                    .transpose(1, 2))
+    return hook
+
+
+def _keys_recorded(keys_values, record, i: int):
+    """A block's keys_values putting its rotated keys [B, G, T, K] into record."""
+    def recorded(x: torch.Tensor, offset: int = 0):
+        k, v = keys_values(x, offset)
+        record.slot((i, "k"), k, lambda t: t)
+        return k, v
+    return recorded
+
+
+def _windowed_forward(block, heads: dict[int, tuple[int, int]]):
+    """The block's forward without a cache, the KV heads of `heads` ({g: (W, s)}) reading
+    their window and sinks alone: softmax attention under a mask per query head."""
+    def forward(x: torch.Tensor, cache=None) -> torch.Tensor:
+        if cache is not None:
+            raise ValueError("a windowed head is measured on whole sequences, not decoded")
+        B, T, _ = x.shape
+        q, k, v = block.project(x)  # [B, H, T, K], [B, G, T, K], [B, G, T, V]
+        H, G = q.shape[1], k.shape[1]
+        allowed = head_mask(T, H, G, heads, x.device) & causal_band(T, T, block.window,
+                                                                     x.device)
+        o = F.scaled_dot_product_attention(q, expand_kv(k, H), expand_kv(v, H),
+                                           attn_mask=allowed[None],
+                                           scale=1 / math.sqrt(q.shape[-1]))
+        return block.o_proj(o.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
+    return forward
+
+
+def _watch_attention(surgery: Surgery, i: int, block, record) -> None:
+    """Layer i's attention output (live, [B, T, H*V] into W_O) and, from its input, what
+    each window would change in it (windows.py window_effects)."""
+    H = block.config.n_heads
+
+    def before(module, args):
+        x = args[0]
+        with torch.no_grad():
+            P = block.mixing_matrices(x)  # [B, H, T, T] fp32
+            v = block.value_heads(x)  # [B, H, T, V]
+        G = block.cache_slots()[0].heads
+        record.effects[i] = (window_effects(P, v, record.grid), G)
+
+    def read(module, args):
+        record.output(i, args[0], lambda t: t.view(t.shape[0], t.shape[1], H, -1)
+                      .transpose(1, 2))
+    surgery.pre_hook(block, before)
+    surgery.pre_hook(block.o_proj, read)
+
 
 def _rotated_keys_projected(keys_values, Pk: torch.Tensor):
     """A block's keys_values with its rotated keys [B, G, T, K] projected by Pk [G, K, K]."""
@@ -121,6 +202,14 @@ class LatentProjection:
     def unsaveable(self, target: ZooTarget) -> str | None:
         return None
 
+    def watch(self, target: ZooTarget, surgery: Surgery, i: int, block, record) -> None:
+        """The live latent [B, T, R] as kv_up reads it."""
+        surgery.pre_hook(block.kv_up, lambda module, args: record.slot(
+            (i, "latent"), args[0], lambda t: t[:, None]))
+
+    def windowable(self, block) -> bool:
+        return False
+
 
 class StateProjection:
     """A recurrent state (state), projected inside the block's forward pass (no weight to
@@ -146,6 +235,16 @@ class StateProjection:
     def unsaveable(self, target: ZooTarget) -> str | None:
         return (f"{target.block_kind}'s state is projected inside its forward pass, not "
                 f"through a weight")
+
+    def watch(self, target: ZooTarget, surgery: Surgery, i: int, block, record) -> None:
+        """The live rows the state is written with [B, G, T, N]."""
+        def rows_recorded(rows: torch.Tensor) -> torch.Tensor:
+            record.slot((i, "state"), rows, lambda t: t)
+            return rows
+        surgery.patch(block, "write_rows", rows_recorded)
+
+    def windowable(self, block) -> bool:
+        return False
 
 
 # cache kind (zoo/facts.py CACHE_KINDS) -> how compress reads and projects it
@@ -179,6 +278,9 @@ class ZooTarget:
         self.keys = self._keys(keys)
         self.slots = [slot_of(i, s) for i, b in enumerate(self.blocks)
                       for s in self._cache_slots(b)]
+        self.by_key = {s.key: s for s in self.slots}
+        # layers whose KV heads may be read through a window (windows.py)
+        self.window_layers = [i for i, b in enumerate(self.blocks) if self.cache.windowable(b)]
 
     def _cache_slots(self, block) -> tuple[CacheSlot, ...]:
         slots = block.cache_slots()
@@ -232,20 +334,54 @@ class ZooTarget:
                              for i, h in streams.items()})
         return out
 
-    def apply(self, surgery: Surgery, P: dict[tuple[int, str], torch.Tensor]) -> None:
-        """Every slot projected by its P [G, K, K], through `surgery`."""
+    def apply(self, surgery: Surgery, P: dict[tuple[int, str], torch.Tensor],
+              windows: dict | None = None) -> None:
+        """Every slot projected by its P [G, K, K], and the KV heads of `windows`
+        ({(layer, g): (W, s)}) read through their window, through `surgery`."""
         for i, block in enumerate(self.blocks):
             self.cache.project(self, surgery, i, block, P)
+        for i in sorted({layer for layer, _ in windows or {}}):
+            if i not in self.window_layers:
+                raise ValueError(f"layer {i} ({self.block_kind}) takes no window of compress's")
+            heads = {g: w for (layer, g), w in windows.items() if layer == i}
+            surgery.patch(self.blocks[i], "_forward", _windowed_forward(self.blocks[i], heads))
 
-    def projected(self, P: dict[tuple[int, str], torch.Tensor]):
-        """The model with every slot projected by its P [G, K, K]; undone on exit."""
-        return projected(self, P)
+    def projected(self, P: dict[tuple[int, str], torch.Tensor], windows: dict | None = None):
+        """The model with every slot projected by its P [G, K, K] (and `windows`); undone
+        on exit."""
+        return projected(self, P, windows)
 
-    @torch.no_grad()
-    def evaluate(self, tokens: torch.Tensor, labels: torch.Tensor, batch_size: int) -> dict:
-        """Mean cross-entropy and accuracy over the labelled positions."""
+    def watched(self, record):
+        """Inside, a forward pass records its live cache activations and (record.grid)
+        the window layers' attention outputs and window effects (sensitivity.py)."""
+        def watch(surgery: Surgery, record) -> None:
+            for i, block in enumerate(self.blocks):
+                self.cache.watch(self, surgery, i, block, record)
+                if record.grid and i in self.window_layers:
+                    _watch_attention(surgery, i, block, record)
+        return watching(self, record, watch)
+
+    def query_heads(self, i: int) -> int:
+        """H: the query heads of layer i (a KV head serves H / G of them)."""
+        return int(self.blocks[i].config.n_heads)
+
+    def loss_logits(self, tokens: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """The logits [n, vocab] of the positions whose loss counts (labelled ones; without
+        labels, every position that predicts a next token)."""
         from ...data import IGNORE
 
+        logits = self.model(tokens)  # [B, T, vocab]
+        labels = next_tokens(tokens) if labels is None else labels
+        return logits[labels.to(logits.device) != IGNORE]
+
+    @torch.no_grad()
+    def evaluate(self, tokens: torch.Tensor, labels: torch.Tensor | None,
+                 batch_size: int) -> dict:
+        """Mean cross-entropy and accuracy over the labelled positions (labels None: every
+        next token)."""
+        from ...data import IGNORE
+
+        labels = next_tokens(tokens) if labels is None else labels
         loss, correct, count = 0.0, 0, 0
         for start in range(0, len(tokens), batch_size):
             t, y = tokens[start:start + batch_size], labels[start:start + batch_size]

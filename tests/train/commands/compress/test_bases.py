@@ -91,7 +91,7 @@ def test_output_gains_predict_the_blocks_output_error_on_one_scale(family):
     ("mha", "output", True), ("mla", "output", True), ("mha", "energy", False),
     ("linear", "output", False), ("moe", "output", False)])
 def test_greedy_scaled_is_measured_only_where_the_gains_share_one_scale(family, bases, scaled):
-    from train.commands.compress.measure import settings
+    from train.commands.compress.settings import settings
 
     block, kwargs = FAMILIES[family]
     target = ZooTarget(tiny(block, **kwargs))
@@ -99,6 +99,6 @@ def test_greedy_scaled_is_measured_only_where_the_gains_share_one_scale(family, 
     assert cal.one_scale is scaled
     notes: list[str] = []
     options = CompressOptions(ratios=(2.0,), allocations=("greedy", "greedy-scaled"))
-    got = [alloc for alloc, _, _ in settings(target, cal, options, 12, None, notes)]
+    got = [alloc for alloc, *_ in settings(target, cal, None, options, 12, None, notes)]
     assert got == (["greedy", "greedy-scaled"] if scaled else ["greedy"])
     assert any("greedy-scaled: left out" in n for n in notes) is not scaled

@@ -264,7 +264,7 @@ def test_json_table_and_the_reports_predicted_ratio(run, capsys):
     rows = doc["rows"]
     assert rows[0]["allocation"] == "full" and rows[0]["delta_loss"] == 0
     assert [r["allocation"] for r in rows[1:]] == [
-        "advised", "uniform", "greedy", "uniform", "greedy", "uniform", "greedy", "eps"]
+        "advised", *["uniform", "sensitivity", "mixed"] * 3, "eps"]
     for r in rows[2:-1]:
         assert r["ratio"] >= r["target"] - 1e-9 and "accuracy" in r
     # the advised row is the report's own KV advice, at its own ratio

@@ -165,7 +165,8 @@ def test_hf_bad_input_is_one_line(gpt2_dir, texts, capsys, tmp_path, args, messa
 
 def test_compress_hf_library_call(llama_dir, texts):
     doc = compress_hf(llama_dir, *texts, CompressOptions(ratios=(2,)), seq_len=16)
-    assert [r["allocation"] for r in doc["rows"]] == ["full", "advised", "uniform", "greedy"]
+    assert [r["allocation"] for r in doc["rows"]] == [
+        "full", "advised", "uniform", "sensitivity", "mixed"]
     assert doc["calibration"]["tokens"] == 4 * 16 and doc["evaluation"]["sequences"] == 4
 
 
