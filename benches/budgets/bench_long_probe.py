@@ -175,6 +175,16 @@ def compare(free: dict, exact: dict) -> dict:
     return out
 
 
+def undecided(probe: dict) -> dict:
+    """Per mixing quantity: heads whose rank_eps reads as a lower bound, of all heads."""
+    out = {}
+    for q in MIXING:
+        flags = [f for layer in probe["layers"]
+                 for f in layer["quantities"][q].get("rank_eps_bound") or []]
+        out[q] = f"{int(sum(flags))} of {len(flags)}"
+    return out
+
+
 def shares(stages: dict, total: float) -> dict:
     return {k: {"s": round(v, 2), "share": round(v / total, 3)} for k, v in
             sorted(stages.items(), key=lambda kv: -kv[1]) if v > 0}
@@ -199,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                                        args.k_max)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
     report = {"seq_len": args.seq_len, "layers": len(free["layers"]), "matfree_s": t_free,
-              "peak_mib": round(peak), "stages": shares(stages, t_free)}
+              "peak_mib": round(peak), "stages": shares(stages, t_free),
+              "undecided": undecided(free)}
     if args.exact:
         exact, t_exact, stages_exact = timed_probe(model, ids, layers, None, args.k_max)
         report.update(exact_s=t_exact, exact_over_matfree=t_exact / t_free,

@@ -52,9 +52,10 @@ def plan_row(exp, name: str, run: str, first: dict[str, Any] | None) -> dict[str
     specs = block_specs(config)
     with torch.device("meta"):
         budgets = [zoo.build(block, d_model=D, **kw).budget(T) for block, kw in specs]
-    d_mlp = config["model"]["d_mlp"] or default_d_mlp(D, exp.model.mlp_ratio, None)
+    mlp = config["model"].get("mlp", "gelu")
+    d_mlp = config["model"]["d_mlp"] or default_d_mlp(D, exp.model.mlp_ratio, None, mlp)
     params = count_params(exp.data.vocab_size, D, n_layers, None, None, d_mlp, T,
-                          exp.model.norm, exp.model.tie_embeddings, layers=specs)
+                          exp.model.norm, exp.model.tie_embeddings, layers=specs, mlp=mlp)
     cache = sum(b.cache_elements for b in budgets)
     ref, ref_cache = (first["params"], first["cache_elements"]) if first else (params, cache)
     row = {

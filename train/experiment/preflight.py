@@ -74,7 +74,7 @@ def preflight(exp: Experiment, available: dict[str, int | None] | None = None) -
     """Warnings for `exp` (also printed by the caller), after checking that every variant
     fits in memory and that its kernel backends serve here. `available` (device kind ->
     bytes, None: unknown) replaces the machine's own figures, for tests."""
-    if exp.data.task == "text":  # an empty or unreadable corpus fails here, not mid-run
+    if exp.data.task in ("text", "tokens"):  # a bad corpus or shard fails here, not mid-run
         make_splits(exp.data.spec(), 1, 1, exp.seed)
     kind = device_kind(exp.train.accelerator)
     free = (available if available is not None else {kind: available_memory(kind)}).get(kind)
@@ -198,10 +198,11 @@ def static_estimate(exp: Experiment, run: str, variant: str) -> MemoryEstimate:
     config = exp.variant_config(run)
     data, model, train = exp.data, config["model"], config["train"]
     specs = block_specs(config)
-    d_mlp = model["d_mlp"] or default_d_mlp(model["d_model"], model["mlp_ratio"], None)
+    mlp = model.get("mlp", "gelu")
+    d_mlp = model["d_mlp"] or default_d_mlp(model["d_model"], model["mlp_ratio"], None, mlp)
     params = count_params(data.vocab_size, model["d_model"], model["n_layers"], None, None,
                           d_mlp, data.seq_len, model["norm"], model["tie_embeddings"],
-                          layers=specs)
+                          layers=specs, mlp=mlp)
     b = param_bytes(train["precision"])
     return MemoryEstimate(
         variant=variant, params=params, weights=params * b, gradients=params * b,
