@@ -65,8 +65,10 @@ def head_stats_operator(full: AttentionOperator, centered: CenteredOperator
     if full.shape != (T, T) or full.rows != (0, T):
         raise ValueError(f"head statistics need the whole mixing matrix, got the block "
                          f"rows {full.rows}, cols {full.cols}")
-    first = full.column(0)[..., 1:].double().mean(-1) if T > 1 else full.fro2() * 0
-    band = full.band(BAND).double().mean(-1)
+    t = torch.arange(T, device=full.device)
+    first = full.at(torch.zeros_like(t))[..., 1:].double().mean(-1) if T > 1 else \
+        full.fro2() * 0
+    band = sum(full.at(t - d).double() for d in range(min(BAND, T))).mean(-1)
     energy = energy_share(centered.fro2().double(), full.fro2().double())
     return _lists({"first_token_mass": first, "diagonal_mass": band,
                    "centered_energy": energy})

@@ -24,7 +24,7 @@ from .matfree import (
     target_of,
 )
 from .metrics import check_eps
-from .ritz_metrics import measure
+from .ritz_metrics import Target, measure
 
 
 def centered_pair_metrics(op: Operator, eps: float = 0.1, k: int | None = None,
@@ -47,11 +47,14 @@ def attention_metrics(mixing: AttentionMixing, eps: float, k_max: int = K_MAX,
     the whole matrix's scores (AttentionOperator.block_grams); the whole matrix and its
     centered form from one Krylov run."""
     check_eps(eps)
-    full, T = mixing.full(), mixing.seq_len
+    T = mixing.seq_len
     corners = {t: ((t // 2, t), (0, t // 2)) for t in (T, *lengths) if 2 <= t <= T}
+    full = mixing.full(blocks=tuple(corners.values()))  # their energies in its first pass
     groups = {"whole": [target_of(full, full), target_of(CenteredOperator(full), full)]}
-    for t, (rows, cols) in corners.items():
-        groups[t] = [target_of(mixing.operator(rows, cols), full)]  # its energies: one pass
+    for t, block in corners.items():
+        fro2 = full.block_fro2(block)
+        groups[t] = [target_of(mixing.operator(*block), full) if fro2 is None else
+                     Target(fro2.double().reshape(-1), (t - t // 2, t // 2))]
     blocks = {"whole": ((0, T), (0, T)), **corners}
 
     def grams(requests):

@@ -15,18 +15,11 @@ forming a [T, T] tensor (docs/METRICS.md, "Matrix-free mode"):
   query rows at a time; a chunk spans only the keys its rows see (s <= t, s > t - window),
   so the whole causal matrix costs its lower triangle, and holds at most CHUNK_ELEMENTS
   scores, so memory stays flat in T. `CenteredOperator` subtracts the mean row.
-- `LowRank`: a block known as L @ R^T (linear attention's feature maps, an SSM's decayed C
-  and B): its spectrum is exact from an r x r core (spectra.product_spectrum).
 - `operator_metrics`: the top eigenvalues of A^T A by thick-restart block Lanczos
-  (krylov.py), grown until every head's rank_eps is decided by its residual bounds, is
-  shown to exceed k_max, or the product budget is spent. The Ritz energies never exceed the
-  true ones, so a rank_eps they reach is an upper bound; it is exact where the residual
-  bounds keep the energy of one value fewer short of the threshold. A head shown to need
-  more than k_max values reads rank_eps = NaN with `rank_eps_above` = a ("rank_eps > a").
-  The Frobenius norm is exact, so stable rank is too. erank and participation ratio need
-  the whole spectrum: they are given only where the values found hold all but a 1e-6
-  fraction of the energy, else NaN; numerical rank is never given (fp32 products cannot
-  resolve its tolerance).
+  (krylov.py, ritz_metrics.py) until each head's rank_eps is decided by its residual
+  bounds (ritz_bounds.py), shown to exceed k_max ("rank_eps > a" in `rank_eps_above`), or
+  the product budget is spent; attention_ranks.py measures a whole layer's blocks from
+  shared passes. Factored mixing (linear attention, SSMs) is exact: factored.py.
 """
 
 from __future__ import annotations
@@ -36,10 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .factored import FactoredMixing, LowRank
 from .krylov import gram_of
-from .metrics import check_eps, spectrum_metrics
+from .metrics import check_eps
 from .ritz_metrics import Target, measure
-from .spectra import product_spectrum
 
 # The elements of one chunk of scores [N, rows, keys] an operator may hold at once (fp32:
 # 128 MiB); chunks are sized to this so that memory stays flat in T.
@@ -81,6 +74,12 @@ class Operator:
         return None
 
 
+def _energy(P: torch.Tensor) -> torch.Tensor:
+    """||P||_F^2 [N] of P [N, rows, keys]: per row in fp32 (25x faster than an fp64 sum),
+    the rows summed in fp64, as centering's ||P||^2 - m ||mu||^2 cancels."""
+    return torch.linalg.vector_norm(P, dim=-1).double().square().sum(-1)
+
+
 def _rows_fitting(t0: int, lo: int, c1: int, budget: int) -> int:
     """The most query rows from t0 whose keys [lo, min(c1, t0 + rows)) hold <= budget scores:
     a causal chunk widens with its last row."""
@@ -104,7 +103,8 @@ class AttentionOperator(Operator):
     def __init__(self, q: torch.Tensor, k: torch.Tensor, scale: float,
                  window: int | None = None, rows: tuple[int, int] | None = None,
                  cols: tuple[int, int] | None = None, softcap: float | None = None,
-                 sinks: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+                 sinks: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                 blocks: tuple = ()):
         T, K = q.shape[-2], q.shape[-1]
         self.batch, self.dtype, self.device = tuple(q.shape[:-2]), torch.float32, q.device
         N = math.prod(self.batch)
@@ -119,6 +119,9 @@ class AttentionOperator(Operator):
         self._plan()
         self._buffer: torch.Tensor | None = None  # the chunk of scores, reused
         self._lse = None if lse is None else lse.float().reshape(N, -1)  # [N, m]
+        # blocks ((r0, r1), (c0, c1)) inside this one whose energies the same pass takes
+        self._block_fro2 = {b: torch.zeros(N, dtype=torch.float64, device=q.device)
+                            for b in blocks}
         self._fro2, self._colsum = self._normalize()
 
     # ------------------------------------------------------------ chunks and scores
@@ -202,8 +205,12 @@ class AttentionOperator(Operator):
                 S = self._scores(t0, t1, lo, hi)
                 lse.append(self._row_lse(S))
                 P = self._exp(S, lse[-1], t0, t1, lo, hi)
-            fro2 += P.square().sum((-2, -1), dtype=torch.float64)  # fp64: centering cancels
+            fro2 += _energy(P)
             colsum[:, lo - c0:hi - c0] += P.sum(-2)
+            for ((r0, r1), (b0, b1)), acc in self._block_fro2.items():
+                a, b, ca, cb = max(t0, r0), min(t1, r1), max(lo, b0), min(hi, b1)
+                if a < b and ca < cb:
+                    acc += _energy(P[:, a - t0:b - t0, ca - lo:cb - lo])
         if lse is not None:
             self._lse = torch.cat(lse, -1)
         return fro2, colsum
@@ -271,6 +278,11 @@ class AttentionOperator(Operator):
     def fro2(self) -> torch.Tensor:
         return self._fro2.reshape(self.batch)
 
+    def block_fro2(self, block: tuple) -> torch.Tensor | None:
+        """||P[r0:r1, c0:c1]||_F^2 [*batch] of a block named at construction, else None."""
+        found = self._block_fro2.get(block)
+        return None if found is None else found.reshape(self.batch)
+
     def colsum(self) -> torch.Tensor:
         return self._colsum.reshape(*self.batch, -1)
 
@@ -289,34 +301,18 @@ class AttentionOperator(Operator):
 
     # ------------------------------------------------------------ single entries
 
-    def _pair_scores(self, d: int) -> torch.Tensor:
-        """Masked scores of each query t of the rows with the key t - d: [N, m]."""
-        r0, r1 = max(self.rows[0], d), self.rows[1]
-        S = (self.q[:, r0:r1] * self.k[:, r0 - d:r1 - d]).sum(-1)
-        if self.softcap:
-            S = self.softcap * torch.tanh(S / self.softcap)
-        if self.window is not None and d >= self.window:  # outside every query's window
-            S = torch.full_like(S, float("-inf"))
-        missing = r0 - self.rows[0]  # queries t < d have no key t - d
-        return torch.nn.functional.pad(S, (missing, 0), value=float("-inf"))
-
-    def column(self, s: int) -> torch.Tensor:
-        """P[t, s] for the queries t of the rows, [*batch, m], whatever the block's columns:
-        one score per query against the streamed log-sum-exp, O(T K) (P e_s without the
-        pass over all keys that matmul would take)."""
+    def at(self, keys: torch.Tensor) -> torch.Tensor:
+        """P[t, keys[i]] for the queries t = rows[0] + i, [*batch, m] (0 where the key is
+        unseen or negative), whatever the block's columns: one score per query against the
+        streamed log-sum-exp, O(T K), without a pass over all keys."""
         t = torch.arange(*self.rows, device=self.device)
-        S = (self.q[:, self.rows[0]:self.rows[1]] @ self.k[:, s].unsqueeze(-1)).squeeze(-1)
+        S = (self.q[:, t] * self.k[:, keys.clamp(0, self.T - 1)]).sum(-1)  # [N, m]
         if self.softcap:
             S = self.softcap * torch.tanh(S / self.softcap)
-        seen = s <= t if self.window is None else (s <= t) & (s > t - self.window)
-        P = torch.exp(S.masked_fill(~seen, float("-inf")) - self._lse)  # [N, m]
-        return P.reshape(*self.batch, -1)
-
-    def band(self, width: int) -> torch.Tensor:
-        """sum of P[t, s] over t - width < s <= t for the queries t of the rows, [*batch, m]:
-        the mass on the query itself and the width - 1 keys before it, O(width T K)."""
-        mass = sum(torch.exp(self._pair_scores(d) - self._lse) for d in range(width))
-        return mass.reshape(*self.batch, -1)
+        seen = (keys >= 0) & (keys <= t)
+        if self.window is not None:
+            seen &= keys > t - self.window
+        return torch.exp(S.masked_fill(~seen, -math.inf) - self._lse).reshape(*self.batch, -1)
 
 
 class CenteredOperator(Operator):
@@ -345,21 +341,6 @@ class CenteredOperator(Operator):
         if op is None:
             return None
         return CenteredOperator(op, self.mu.reshape(-1, *self.mu.shape[-2:])[idx])
-
-
-@dataclass
-class LowRank:
-    """A batch of matrices L @ R^T, L [*batch, m, r], R [*batch, n, r]: exact spectra."""
-
-    L: torch.Tensor
-    R: torch.Tensor
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.L.shape[-2], self.R.shape[-2])
-
-    def metrics(self, eps: float) -> dict[str, torch.Tensor]:
-        return spectrum_metrics(product_spectrum(self.L, self.R), self.shape, eps)
 
 
 # ---------------------------------------------------------------- metrics of an operator
@@ -417,20 +398,21 @@ class AttentionMixing:
             raise ValueError(f"key heads ({G}) must divide query heads ({H})")
         self.k = self.k.repeat_interleave(H // G, dim=-3)  # [B, H, T, K]
 
-    def operator(self, rows=None, cols=None) -> AttentionOperator:
+    def operator(self, rows=None, cols=None, blocks: tuple = ()) -> AttentionOperator:
         T = self.seq_len
         r0, r1 = rows or (0, T)
         lse = None if self.lse is None else self.lse[..., r0:r1]
         op = AttentionOperator(self.q, self.k, self.scale, self.window, rows, cols,
-                               self.softcap, self.sinks, lse)
+                               self.softcap, self.sinks, lse, blocks)
         if self.lse is None and (r0, r1) == (0, T):
             self.lse = op.row_lse()
         return op
 
-    def full(self) -> AttentionOperator:
-        """The whole matrix's operator, made (its normalizing pass run) once."""
+    def full(self, blocks: tuple = ()) -> AttentionOperator:
+        """The whole matrix's operator, made (its normalizing pass run) once; the energies
+        of `blocks` taken in that pass (AttentionOperator.block_fro2)."""
         if getattr(self, "_whole", None) is None:
-            self._whole = self.operator()
+            self._whole = self.operator(blocks=blocks)
         return self._whole
 
     def past_future(self) -> AttentionOperator:
@@ -448,26 +430,6 @@ class AttentionMixing:
                                None if self.lse is None else self.lse[..., :t])
 
 
-@dataclass
-class FactoredMixing:
-    """Mixing whose past->future block is L @ R^T, L [B, H, T - T/2, r], R [B, H, T/2, r]
-    (linear attention: normalized feature maps; an SSM: decayed C and dt-weighted B).
-    Its whole matrix is not low-rank, and is not measured in this mode."""
-
-    L: torch.Tensor
-    R: torch.Tensor
-
-    def full(self) -> None:
-        return None
-
-    def past_future(self) -> LowRank:
-        return LowRank(self.L, self.R)
-
-    @property
-    def seq_len(self) -> int:
-        return self.L.shape[-2] + self.R.shape[-2]
-
-
 def block_metrics(block: Operator | LowRank, eps: float, k_max: int = K_MAX
                   ) -> dict[str, torch.Tensor]:
     """METRICS (and rank_eps_above) of one mixing block, exact for a LowRank."""
@@ -476,3 +438,8 @@ def block_metrics(block: Operator | LowRank, eps: float, k_max: int = K_MAX
         out["rank_eps_above"] = torch.full_like(out["rank_eps"], math.nan)
         return out
     return operator_metrics(block, eps, k_max=k_max)
+
+
+__all__ = ["CHUNK_ELEMENTS", "K_MAX", "AttentionMixing", "AttentionOperator", "CenteredOperator",
+           "FactoredMixing", "LowRank", "Operator", "block_metrics",
+           "operator_metrics", "per_batch", "single_op_grams", "target_of"]

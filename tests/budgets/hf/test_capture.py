@@ -140,6 +140,23 @@ def test_attention_in_blocks_of_rows_equals_one_block(monkeypatch):
     assert (P.sum(-1) < 1).all()  # the sink takes a share of every row
 
 
+@pytest.mark.parametrize("case", ["causal", "window-mask", "softcap", "sinks"])
+def test_the_fused_attention_output_equals_the_rows_one(case):
+    """`fused` (the matrix-free probe): SDPA where it computes the same attention (no mask
+    but causality, or SDPA's boolean mask), the rows' path where it cannot (soft-capping,
+    sinks); the same P V either way."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4 // n, 16, 8, generator=g) for n in (1, 2, 2))
+    t, s = torch.arange(16)[:, None], torch.arange(16)[None, :]
+    extra = {"window-mask": dict(window=5, mask=((s <= t) & (s > t - 5)).expand(2, 1, 16, 16)),
+             "softcap": dict(softcap=2.0),
+             "sinks": dict(sinks=torch.randn(4, generator=g))}.get(case, {})
+    call = AttentionCall(torch.nn.Identity(), q, k, v, 0.3, **extra)
+    rows = attend(call, keep_probs=False)
+    torch.testing.assert_close(attend(call, keep_probs=False, fused=True), rows, rtol=1e-5,
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "phi", "gpt_neox"])
 def test_matrix_free_ranks_equal_the_exact_path(model_type):
     model, ids = tiny_model(model_type), _ids(48)

@@ -82,6 +82,9 @@ class ModelData:
     progress: Callable[[str], None] | None = None
 
 
+HEAL_SEED = 0  # the adapters' initialization: healing is repeatable
+
+
 class Adapter(nn.Module):
     """One projection's LoRA pair; `rows`: (row index [C], P [G, K, K]) of the heads whose
     outputs the cache projects, so the adapter's rows there are projected the same way."""
@@ -269,7 +272,9 @@ def heal(doc: dict, target, cal: Calibration, chosen: dict, options, inputs: Mod
     try:
         target.model.requires_grad_(False)
         target.apply(surgery, P, windows)  # the windowed heads masked, as measured
-        adapters = [Adapter(linear, rows) for linear, rows in sites(target, P).items()]
+        with torch.random.fork_rng(devices=[]):  # the same adapters whatever ran before
+            torch.manual_seed(HEAL_SEED)
+            adapters = [Adapter(linear, rows) for linear, rows in sites(target, P).items()]
         for a in adapters:
             surgery.hook(a.linear, a.hook)
         curve = _train(adapters, logits, target.model, teacher,
