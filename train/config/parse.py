@@ -153,15 +153,20 @@ def parse_block(where: str, raw: Any, defaults: dict[str, Any],
 VARIANT_TRAIN_KEYS = ("optimizer", "lr", "weight_decay", "warmup_steps")
 
 
-def parse_variant_train(raw: Any, where: str) -> dict[str, Any]:
+def _variant_section(raw: Any, where: str, section: str, keys: tuple[str, ...]) -> dict:
+    """A variant's own `section:` (train or model), holding only the keys it may set."""
     if raw is None:
         return {}
-    require(isinstance(raw, dict), f"{where}.train must be a mapping of "
-                                   f"{', '.join(VARIANT_TRAIN_KEYS)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(VARIANT_TRAIN_KEYS))
-    require(not unknown, f"{where}.train: {unknown} cannot differ between variants; a "
-                         f"variant sets only {', '.join(VARIANT_TRAIN_KEYS)}")
+    require(isinstance(raw, dict), f"{where}.{section} must be a mapping of "
+                                   f"{', '.join(keys)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(keys))
+    require(not unknown, f"{where}.{section}: {unknown} cannot differ between variants; a "
+                         f"variant sets only {', '.join(keys)}")
     return dict(raw)
+
+
+def parse_variant_train(raw: Any, where: str) -> dict[str, Any]:
+    return _variant_section(raw, where, "train", VARIANT_TRAIN_KEYS)
 
 
 # what a variant may set for itself under `model:`: the MLP's kind (the matched width
@@ -170,15 +175,9 @@ VARIANT_MODEL_KEYS = ("mlp",)
 
 
 def parse_variant_model(raw: Any, where: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    require(isinstance(raw, dict), f"{where}.model must be a mapping of "
-                                   f"{', '.join(VARIANT_MODEL_KEYS)}, got {raw!r}")
-    unknown = sorted(set(raw) - set(VARIANT_MODEL_KEYS))
-    require(not unknown, f"{where}.model: {unknown} cannot differ between variants; a "
-                         f"variant sets only {', '.join(VARIANT_MODEL_KEYS)}")
-    check_mlp(f"{where}.model.mlp", raw.get("mlp", "gelu"))
-    return dict(raw)
+    model = _variant_section(raw, where, "model", VARIANT_MODEL_KEYS)
+    check_mlp(f"{where}.model.mlp", model.get("mlp", "gelu"))
+    return model
 
 
 def check_variant_train(train: TrainConfig, variants: dict[str, Variant]) -> None:

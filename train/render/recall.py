@@ -74,7 +74,7 @@ def recall_view(report: dict) -> dict | None:
             "sentence": sentence(rows, counts[-1])}
 
 
-def _ranks(xs: list[float]) -> list[float]:
+def ranks_of(xs: list[float]) -> list[float]:
     """Ranks 1..n with ties averaged (for Spearman's rho)."""
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     ranks = [0.0] * len(xs)
@@ -93,7 +93,7 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman's rank correlation; None with fewer than 3 points or a constant side."""
     if len(xs) < 3:
         return None
-    rx, ry = _ranks(xs), _ranks(ys)
+    rx, ry = ranks_of(xs), ranks_of(ys)
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
     sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
     sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)

@@ -12,43 +12,9 @@ scale: what a tolerance needs).
 
 from __future__ import annotations
 
-import math
+from ...render.recall import spearman  # one rank correlation for the project
 
 NOISE = 1e-3  # nats per token: measured changes below this leave the ratio out
-
-
-def ranks_of(values: list[float]) -> list[float]:
-    """Each value's rank, 1-based, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def pearson(x: list[float], y: list[float]) -> float | None:
-    n = len(x)
-    mx, my = sum(x) / n, sum(y) / n
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in x))
-    sy = math.sqrt(sum((b - my) ** 2 for b in y))
-    return None if sx == 0 or sy == 0 else sxy / (sx * sy)
-
-
-def spearman(x: list[float], y: list[float]) -> float | None:
-    """The rank correlation of x and y (Pearson's of their ranks); None below 3 pairs or
-    when either is constant."""
-    if len(x) != len(y):
-        raise ValueError(f"{len(x)} predicted and {len(y)} measured values")
-    if len(x) < 3:
-        return None
-    return pearson(ranks_of(x), ranks_of(y))
 
 
 def agreement(rows: list[dict]) -> dict:

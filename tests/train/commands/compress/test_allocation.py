@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.train.commands.compress.test_compress import tiny, tokens
-from train.commands.compress.agreement import agreement, ranks_of, spearman
+from train.commands.compress.agreement import agreement
 from train.commands.compress.allocate import Option, allocate
 from train.commands.compress.calibrate import calibrate
 from train.commands.compress.choices import (
@@ -26,6 +26,7 @@ from train.commands.compress.lowrank import Slot, cache_bytes, full_ranks, proje
 from train.commands.compress.sensitivity import Sensitivity, lowrank_changes, sensitivity
 from train.commands.compress.windows import SINKS, head_mask, window_effects, window_grid
 from train.commands.compress.zoo_surgery import ZooTarget
+from train.render.recall import ranks_of, spearman
 
 # ---------------------------------------------------------------- the allocator
 
