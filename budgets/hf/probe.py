@@ -328,8 +328,9 @@ def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
 
 def _measuring(p: _Probe, inputs: dict[int, torch.Tensor], streams: dict, matfree: bool):
     """The captures' callback: each wanted layer measured from its call, exactly from P (or
-    an SSD mixer's M) or matrix-free from its queries and keys (its factors); P freed as
-    soon as it is measured."""
+    an SSD mixer's M) or matrix-free from its queries and keys (its factors); P, queries,
+    keys and values freed as soon as it is measured (the capture keeps every layer's call:
+    at 1 x 8192 they held 1.7 GiB)."""
 
     def on_call(call: AttentionCall | ScanCall) -> None:
         i = p.mixer_of(call.module)
@@ -338,8 +339,9 @@ def _measuring(p: _Probe, inputs: dict[int, torch.Tensor], streams: dict, matfre
         x = inputs.pop(i)
         if i in p.wanted:
             p.record(i, _figures(p, call, matfree), x, call, streams)
-        if isinstance(call, AttentionCall):
-            call.probs = None
+        if isinstance(call, AttentionCall):  # measured: the capture keeps the call, not these
+            call.probs = call.query = call.key = call.value = None
+            call.query_pre = call.key_pre = None
 
     return on_call
 

@@ -52,9 +52,9 @@ def attention_metrics(mixing: AttentionMixing, eps: float, k_max: int = K_MAX,
     full = mixing.full(blocks=tuple(corners.values()))  # their energies in its first pass
     groups = {"whole": [target_of(full, full), target_of(CenteredOperator(full), full)]}
     for t, block in corners.items():
-        fro2 = full.block_fro2(block)
-        groups[t] = [target_of(mixing.operator(*block), full) if fro2 is None else
-                     Target(fro2.double().reshape(-1), (t - t // 2, t // 2))]
+        sums = full.block_sums(block)
+        groups[t] = [target_of(mixing.operator(*block), full) if sums is None else
+                     Target(sums.fro2, (t - t // 2, t // 2), top=sums.top())]
     blocks = {"whole": ((0, T), (0, T)), **corners}
 
     def grams(requests):

@@ -1,6 +1,6 @@
 """The top eigenvalues of A^T A for a batch of operators: thick-restart block Lanczos.
 
-    ritz = block_lanczos(op, stop, k_max=256, block=32)   # ritz.values, ritz.residuals [N, d]
+    ritz = block_lanczos(op, stop, k_max=256, block=64)   # ritz.values, ritz.residuals [N, d]
 
 A basis V [N, n, d] of the block Krylov space of M = A^T A is grown one block of `block`
 vectors per product M V_i (one op.gram), each new block orthogonalized against the whole
@@ -10,10 +10,13 @@ are the Ritz pairs. The Lanczos relation M V = V H + Z E^T (Z = Q R the part of 
 image outside the basis, E the last block's columns) gives each pair's residual
 ||M V y - theta V y|| = ||R y_last|| at the cost of an r x r product, never a pass over M.
 
-When the basis would exceed k_max + block columns it is restarted thick: the best Ritz
-vectors are kept, H becomes their diagonal plus the coupling to the next block, and the
-relation above still holds, so the residuals stay exact. Entries (heads) that `stop`
-settles leave the batch; the rest go on with the operator restricted to them (op.take).
+When the basis would exceed its size (k_max + room columns) it is restarted thick: the
+best Ritz vectors are kept, H becomes their diagonal plus the coupling to the next block,
+and the relation above still holds, so the residuals stay exact. Entries (heads) that
+`stop` settles leave the batch; the rest go on with the operator restricted to them
+(op.take). A run can carry several views of one basis (Lanczos: a matrix and its centered
+form) and be advanced by a caller that serves several runs from one pass
+(ritz_metrics.measure).
 
 Reductions (V^T W, the Gram matrices of the QR) are in fp64 over fp32 vectors: in fp32
 they lose ~1e-5 of the top value, which the energy sums behind rank_eps cannot afford;

@@ -32,6 +32,7 @@ import torch
 from .factored import FactoredMixing, LowRank
 from .krylov import gram_of
 from .metrics import check_eps
+from .passes import BlockSums, rows_fitting
 from .ritz_metrics import Target, measure
 
 # The elements of one chunk of scores [N, rows, keys] an operator may hold at once (fp32:
@@ -73,21 +74,8 @@ class Operator:
         subclass cannot restrict itself (a solver then multiplies every entry)."""
         return None
 
-
-def _energy(P: torch.Tensor) -> torch.Tensor:
-    """||P||_F^2 [N] of P [N, rows, keys]: per row in fp32 (25x faster than an fp64 sum),
-    the rows summed in fp64, as centering's ||P||^2 - m ||mu||^2 cancels."""
-    return torch.linalg.vector_norm(P, dim=-1).double().square().sum(-1)
-
-
-def _rows_fitting(t0: int, lo: int, c1: int, budget: int) -> int:
-    """The most query rows from t0 whose keys [lo, min(c1, t0 + rows)) hold <= budget scores:
-    a causal chunk widens with its last row."""
-    a = t0 - lo
-    rows = int((math.sqrt(a * a + 4 * budget) - a) / 2)  # rows * (a + rows) <= budget
-    if t0 + rows > c1:  # past the block's last column every row sees all of it
-        rows = budget // max(1, c1 - lo)
-    return max(1, rows)
+    def top_bound(self) -> torch.Tensor | None:  # >= ||A||_2^2, [*batch], where known
+        return None
 
 
 class AttentionOperator(Operator):
@@ -119,10 +107,11 @@ class AttentionOperator(Operator):
         self._plan()
         self._buffer: torch.Tensor | None = None  # the chunk of scores, reused
         self._lse = None if lse is None else lse.float().reshape(N, -1)  # [N, m]
-        # blocks ((r0, r1), (c0, c1)) inside this one whose energies the same pass takes
-        self._block_fro2 = {b: torch.zeros(N, dtype=torch.float64, device=q.device)
-                            for b in blocks}
-        self._fro2, self._colsum = self._normalize()
+        # blocks ((r0, r1), (c0, c1)) inside this one whose statistics the same pass takes
+        self._blocks = {b: BlockSums(N, b[1][1] - b[1][0], q.device) for b in blocks}
+        self._sums = BlockSums(N, self.shape[1], q.device)
+        self._normalize()
+        self._fro2, self._colsum = self._sums.fro2, self._sums.colsum
 
     # ------------------------------------------------------------ chunks and scores
 
@@ -135,7 +124,7 @@ class AttentionOperator(Operator):
         (t0, r1), (c0, c1), out = self.rows, cols, []
         while t0 < r1:
             lo = self._first_key(t0, c0)
-            t1 = min(r1, t0 + _rows_fitting(t0, lo, c1, budget))
+            t1 = min(r1, t0 + rows_fitting(t0, lo, c1, budget))
             hi = min(c1, t1)
             if hi > lo:
                 out.append((t0, t1, lo, hi))
@@ -189,10 +178,9 @@ class AttentionOperator(Operator):
         lse = self._lse[:, t0 - self.rows[0]:t1 - self.rows[0]]
         return self._exp(self._scores(t0, t1, lo, hi, None), lse, t0, t1, lo, hi)
 
-    def _normalize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        N, c0 = self.q.shape[0], self.cols[0]
-        fro2 = torch.zeros(N, dtype=torch.float64, device=self.device)
-        colsum = torch.zeros(N, self.shape[1], device=self.device)
+    def _normalize(self) -> None:
+        """One pass: each row's log-sum-exp (unless given), the block's BlockSums and those of
+        the blocks named at construction."""
         whole_rows = self.cols == (0, self.T)  # the block's chunks see every key of a row
         if self._lse is None and not whole_rows:  # each row's normalizer over all its keys
             self._lse = torch.cat([self._row_lse(self._scores(t0, t1, lo, t1))
@@ -205,15 +193,13 @@ class AttentionOperator(Operator):
                 S = self._scores(t0, t1, lo, hi)
                 lse.append(self._row_lse(S))
                 P = self._exp(S, lse[-1], t0, t1, lo, hi)
-            fro2 += _energy(P)
-            colsum[:, lo - c0:hi - c0] += P.sum(-2)
-            for ((r0, r1), (b0, b1)), acc in self._block_fro2.items():
+            self._sums.add(P, lo - self.cols[0])
+            for ((r0, r1), (b0, b1)), sums in self._blocks.items():
                 a, b, ca, cb = max(t0, r0), min(t1, r1), max(lo, b0), min(hi, b1)
                 if a < b and ca < cb:
-                    acc += _energy(P[:, a - t0:b - t0, ca - lo:cb - lo])
+                    sums.add(P[:, a - t0:b - t0, ca - lo:cb - lo], ca - b0)
         if lse is not None:
             self._lse = torch.cat(lse, -1)
-        return fro2, colsum
 
     def _row_lse(self, S: torch.Tensor) -> torch.Tensor:
         """Each row's log-sum-exp [N, rows] of its scores S [N, rows, keys] (and sink)."""
@@ -278,10 +264,12 @@ class AttentionOperator(Operator):
     def fro2(self) -> torch.Tensor:
         return self._fro2.reshape(self.batch)
 
-    def block_fro2(self, block: tuple) -> torch.Tensor | None:
-        """||P[r0:r1, c0:c1]||_F^2 [*batch] of a block named at construction, else None."""
-        found = self._block_fro2.get(block)
-        return None if found is None else found.reshape(self.batch)
+    def top_bound(self) -> torch.Tensor:
+        return self._sums.top().reshape(self.batch)
+
+    def block_sums(self, block: tuple) -> BlockSums | None:
+        """The BlockSums of P[r0:r1, c0:c1] ([N] flattened) for a block named at construction."""
+        return self._blocks.get(block)
 
     def colsum(self) -> torch.Tensor:
         return self._colsum.reshape(*self.batch, -1)
@@ -296,6 +284,7 @@ class AttentionOperator(Operator):
         for name in ("q", "k", "sinks", "_lse", "_fro2", "_colsum"):
             value = getattr(self, name)
             setattr(sub, name, None if value is None else value[idx])
+        sub._sums = self._sums.take(idx)
         sub.batch = (len(idx),)  # the chunks stay: as long as for the whole batch
         return sub
 
@@ -336,6 +325,9 @@ class CenteredOperator(Operator):
         mean2 = self.mu.double().square().sum((-2, -1))
         return (self.op.fro2().double() - self.shape[0] * mean2).clamp_min(0)
 
+    def top_bound(self) -> torch.Tensor | None:
+        return self.op.top_bound()  # A_c = (I - 1 1^T / m) A: a projection, no larger
+
     def take(self, idx: torch.Tensor) -> CenteredOperator | None:
         op = self.op.take(idx)
         if op is None:
@@ -349,10 +341,12 @@ def target_of(A: Operator, base: Operator) -> Target:
     """A as a Target of products with `base`: base itself, or its centered form."""
     N, n = math.prod(base.batch), base.shape[1]
     fro2 = A.fro2().double().reshape(-1)
+    top = A.top_bound()
+    top = None if top is None else top.double().reshape(-1)
     if not isinstance(A, CenteredOperator):
-        return Target(fro2, A.shape)
+        return Target(fro2, A.shape, top=top)
     m = torch.full((N,), float(A.shape[0]), device=base.device)  # A_c^T A_c = A^T A - m mu mu^T
-    return Target(fro2, A.shape, A.mu.reshape(N, n), m)
+    return Target(fro2, A.shape, A.mu.reshape(N, n), m, top)
 
 
 def single_op_grams(op: Operator):

@@ -12,7 +12,8 @@ residual norms, fro2 the exact ||A||_F^2 = the sum of all eigenvalues lambda of 
   Where the first j - 1 values stay short of the threshold even so, rank_eps = j.
 - Lower bound (`floor`): past the top c values every eigenvalue is at most theta_c + rho_c,
   so the energy still missing needs at least missing / (theta_c + rho_c) more values; c = 0
-  uses the top value.
+  uses the top value, or a certified bound on it where the caller has one (`top`: for
+  attention, ||P||_2^2 <= ||P||_1 ||P||_inf, from sums the first pass takes).
 
 Both the exactness and the floor assume that the i-th Ritz value stands for the i-th
 eigenvalue: that no eigenvalue above it was missed. A random start sees every eigenspace,
@@ -69,10 +70,13 @@ def cluster_free(theta: torch.Tensor, rho: torch.Tensor, block: int) -> torch.Te
 
 
 def energy_bounds(theta: torch.Tensor, rho: torch.Tensor, fro2: torch.Tensor, eps: float,
-                  block: int, spanned: torch.Tensor | None = None) -> EnergyBounds:
+                  block: int, spanned: torch.Tensor | None = None,
+                  top: torch.Tensor | None = None) -> EnergyBounds:
     """rank_eps bounds (module docstring) from Ritz values theta [a, d] of A^T A, residual
     norms rho [a, d], the exact energies fro2 [a], a Krylov block of `block` vectors;
-    `spanned` [a]: True where the basis spans the whole space (the values are exact)."""
+    `spanned` [a]: True where the basis spans the whole space (the values are exact);
+    `top` [a]: a certified upper bound on the top eigenvalue (every eigenvalue is below it,
+    so the floor needs no converged value)."""
     theta, rho = theta.double().clamp_min(0), rho.double()
     need = (1.0 - eps**2) * fro2.double().unsqueeze(-1)  # [a, 1]
     energy = theta.cumsum(-1)  # [a, d]
@@ -87,19 +91,23 @@ def energy_bounds(theta: torch.Tensor, rho: torch.Tensor, fro2: torch.Tensor, ep
     decided = reached.any(-1) & short & (first <= free)
     if spanned is not None:
         decided |= spanned & reached.any(-1)
-    return EnergyBounds(rank, decided | (fro2 <= 0), _floor(theta, rho, need, free))
+    return EnergyBounds(rank, decided | (fro2 <= 0), _floor(theta, rho, need, free, top))
 
 
-def _floor(theta, rho, need, free) -> torch.Tensor:
+def _floor(theta, rho, need, free, top=None) -> torch.Tensor:
     """A lower bound [a] on rank_eps from the converged, cluster-free top values c = 0..
     whose energy falls short: c + (missing energy) / (the most any later value can be)."""
     d = theta.shape[-1]
     c = torch.arange(0, d, device=theta.device, dtype=theta.dtype)  # values kept: 0..d-1
-    top = (theta + rho)[..., :1]
-    cap = torch.cat([top, (theta + rho)[..., :-1]], -1)  # [a, d]: at most this after c
+    first = (theta + rho)[..., :1]
+    cap = torch.cat([first, (theta + rho)[..., :-1]], -1)  # [a, d]: at most this after c
     upper = torch.cat([torch.zeros_like(need), (theta + rho).cumsum(-1)[..., :-1]], -1)
     conv = (rho <= CONVERGED * theta).cumprod(-1).bool()  # [a, d]: values 0..i converged
     conv = torch.cat([conv[..., :1], conv[..., :-1]], -1)  # c = 0 rests on the top value
+    if top is not None:  # no eigenvalue above it: the floor from c = 0 needs nothing else
+        top = top.double().unsqueeze(-1)
+        cap[..., :1] = torch.where(conv[..., :1], torch.minimum(cap[..., :1], top), top)
+        cap, conv[..., 0] = torch.minimum(cap, top), True
     trusted = conv & (c <= free.unsqueeze(-1)) & (cap > 0) & (upper < need)
     more = torch.ceil((need - upper).clamp_min(0) / cap.clamp_min(torch.finfo(cap.dtype).tiny))
     floor = torch.where(trusted, c + more, torch.zeros_like(c)).amax(-1)

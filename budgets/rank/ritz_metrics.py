@@ -44,12 +44,14 @@ Grams = Callable[[list[Request]], list[torch.Tensor]]
 @dataclass
 class Target:
     """One matrix [N, m, n] to measure: its energies fro2 [N]; for a centered matrix the
-    downdate of A^T A by w u u^T (u [N, n] = mu, w [N] = m)."""
+    downdate of A^T A by w u u^T (u [N, n] = mu, w [N] = m); `top` bounds rank_eps from
+    below before any product (rank_eps >= (1 - eps^2) ||A||_F^2 / top)."""
 
     fro2: torch.Tensor
     shape: tuple[int, int]
     u: torch.Tensor | None = None
     w: torch.Tensor | None = None
+    top: torch.Tensor | None = None  # [N] a certified upper bound on ||A||_2^2, if known
 
 
 def measure(groups: dict[Hashable, list[Target]], grams: Grams, eps: float,
@@ -63,8 +65,8 @@ def measure(groups: dict[Hashable, list[Target]], grams: Grams, eps: float,
         # and each restart before that slows the convergence (measured: 10% fewer products)
         room = max(s, k_max)
         d_max = basis_size(k_max, s, n, room)
-        views[key] = [View(_stop(t.fro2, eps, s, k_max), empty_ritz(N, d_max, s, device),
-                           t.u, t.w) for t in targets]
+        views[key] = [View(_stop(t.fro2, t.top, eps, s, k_max),
+                           empty_ritz(N, d_max, s, device), t.u, t.w) for t in targets]
         runs.append((key, Lanczos(N, n, views[key], k_max, s, device=device, room=room)))
     while runs:
         images = grams([(key, run.active, run.block()) for key, run in runs])
@@ -77,15 +79,16 @@ def measure(groups: dict[Hashable, list[Target]], grams: Grams, eps: float,
 
 def _metrics(ritz, target: Target, eps: float) -> dict[str, torch.Tensor]:
     bounds = energy_bounds(ritz.values, ritz.residuals, target.fro2, eps, ritz.block,
-                           ritz.spanned)
+                           ritz.spanned, target.top)
     return assemble(ritz.values, target.fro2, bounds, target.shape, eps)
 
 
-def _stop(fro2: torch.Tensor, eps: float, s: int, k_max: int):
+def _stop(fro2: torch.Tensor, top: torch.Tensor | None, eps: float, s: int, k_max: int):
     """The settling rule of one view: rank_eps decided (and, where the values hold the
     whole energy, resolved for erank too), or shown to exceed k_max."""
     def stop(idx, theta, rho, products) -> torch.Tensor:
-        bounds = energy_bounds(theta, rho, fro2[idx], eps, s)
+        bounds = energy_bounds(theta, rho, fro2[idx], eps, s, None,
+                               None if top is None else top[idx])
         whole = _whole(theta, fro2[idx])
         resolved = (error_bounds(theta, rho) <= RESOLVED * theta[..., :1]).all(-1)
         return (bounds.decided & (~whole | resolved)) | (bounds.floor > k_max)

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from budgets.rank.attention_ranks import attention_metrics, centered_pair_metrics
-from budgets.rank.matfree import AttentionMixing, AttentionOperator, operator_metrics
+from budgets.rank.matfree import (
+    AttentionMixing,
+    AttentionOperator,
+    CenteredOperator,
+    operator_metrics,
+)
 from budgets.rank.metrics import rank_metrics
 
 from .test_matfree import causal_probs, heads
@@ -71,3 +76,25 @@ def test_very_sharp_scores_keep_their_probabilities():
     X = torch.randn(*P.shape[:-2], 96, 4)
     torch.testing.assert_close(op.matmul(X), P @ X, rtol=1e-3, atol=1e-5)
     assert not math.isnan(float(op.fro2().sum()))
+
+
+@pytest.mark.parametrize("window", [None, 12], ids=["causal", "window12"])
+def test_the_top_bound_holds_for_every_block(window):
+    """||P||_1 ||P||_inf from the first pass bounds ||P||_2^2 of the whole matrix, its
+    centered form, its past->future block and a prefix's (named at construction), and the
+    prefix's energy is its own."""
+    q, k = heads(T=160)
+    T = q.shape[-2]
+    corner_t = ((T // 4, T // 2), (0, T // 4))
+    mixing = AttentionMixing(q, k, 0.5, window)
+    full = mixing.full(blocks=(corner_t,))
+    P = causal_probs(q, k, 0.5, window)
+    pf = mixing.past_future()
+    for bound, M in ((full.top_bound(), P), (CenteredOperator(full).top_bound(),
+                                             P - P.mean(-2, keepdim=True)),
+                     (pf.top_bound(), corner(P, T)),
+                     (full.block_sums(corner_t).top().reshape(2, 4), corner(P, T // 2))):
+        # the bound is the fp32 operator's: its scores of ~100 round at ~1e-5 relative
+        assert (bound >= torch.linalg.matrix_norm(M, 2).square() * (1 - 1e-4)).all()
+    torch.testing.assert_close(full.block_sums(corner_t).fro2.reshape(2, 4),
+                               corner(P, T // 2).square().sum((-2, -1)), rtol=1e-4, atol=1e-8)

@@ -119,8 +119,11 @@ def test_bounds_never_claim_more_than_the_spectrum(rate, repeats, eps):
     true = ((lam.cumsum(-1) < (1 - eps**2) * fro2.unsqueeze(-1)).sum(-1) + 1).double()
     checked = []
 
+    top = lam[:, 0] * 1.5  # a valid, loose bound on the top eigenvalue
+
     def stop(idx, theta, rho, products):
-        b = energy_bounds(theta, rho, fro2[idx], eps, 8)
+        b = energy_bounds(theta, rho, fro2[idx], eps, 8, top=top[idx])
+        assert (b.floor >= torch.ceil((1 - eps**2) * fro2[idx] / top[idx])).all()
         t = true[idx]
         reached = ~b.rank.isnan()
         assert (b.rank[reached] >= t[reached]).all()
