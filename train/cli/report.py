@@ -107,7 +107,7 @@ HF_PROBE_OPTIONS = {  # dest -> (metavar, help)
     "layers": ("LIST", "measure only these layers, e.g. 0,5,10-12 (all)"),
     "matfree_from": ("T", "from this probe length on, measure attention matrix-free, never "
                           "forming a T x T matrix (2048); 'never': always exactly"),
-    "k_max": ("K", "matrix-free: the most singular values sought per head (64)"),
+    "k_max": ("K", "matrix-free: the most singular values sought per head (256)"),
 }
 
 

@@ -113,9 +113,12 @@ def children_cpu() -> float:
 def run_process(cmd: list[str], threads: int | None,
                 tree: str | None = None) -> tuple[float, float, str]:
     """Run `cmd` to its end: (wall seconds, CPU seconds, its stdout); a failure is a
-    RuntimeError with the tail of its stderr."""
+    RuntimeError with the tail of its stderr. With `tree`, it runs in that directory:
+    `python -m` puts the working directory ahead of PYTHONPATH, so from here it would
+    import this tree's train/ whatever PYTHONPATH says."""
     cpu, start = children_cpu(), time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(threads, tree))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(threads, tree),
+                          cwd=tree)
     seconds, cpu = time.perf_counter() - start, children_cpu() - cpu
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {done.returncode}:\n"
@@ -127,7 +130,8 @@ def harness_timing(args: argparse.Namespace, overrides: list[str], variant: str,
                    runs: Path, tree: str | None) -> Timing:
     """`rankzoo train` on the variant alone, in a run directory of its own under `runs`;
     from the source tree `tree` (PYTHONPATH) where given."""
-    seconds, cpu, out = run_process([sys.executable, "-m", "train.cli", "train", args.config,
+    config = str(Path(args.config).resolve())  # the tree's process runs in the tree
+    seconds, cpu, out = run_process([sys.executable, "-m", "train.cli", "train", config,
                                      *overrides, "--runs-dir", tempfile.mkdtemp(dir=runs),
                                      "--format", "json"], args.threads, tree)
     metrics = next(v for v in json.loads(out)["variants"] if v["variant"] == variant)["metrics"]
@@ -274,6 +278,13 @@ def tables(steps: int, found: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> 
     return [to_rich(ratios), to_rich(split)]
 
 
+def imported_train(tree: str) -> Path:
+    """The train/__init__.py a process started as the tree's harness imports."""
+    _, _, out = run_process([sys.executable, "-c", "import train; print(train.__file__)"],
+                            None, tree)
+    return Path(out.strip()).resolve()
+
+
 def check_args(args: argparse.Namespace, exp: Experiment) -> tuple[list[str], int]:
     """The variants and the step count asked for; a ValueError names a bad one."""
     variants = args.variant or list(exp.variants)
@@ -287,6 +298,10 @@ def check_args(args: argparse.Namespace, exp: Experiment) -> tuple[list[str], in
     for tree in args.harness_tree:
         if not (Path(tree) / "train").is_dir():
             raise ValueError(f"--harness-tree {tree}: no train/ package there")
+        imported = imported_train(tree)
+        if Path(tree).resolve() not in imported.parents:
+            raise ValueError(f"--harness-tree {tree}: its process imports {imported}, "
+                             "not the tree's own train/")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device here (torch.cuda.is_available() "
                          "is False)")

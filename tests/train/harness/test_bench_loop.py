@@ -4,11 +4,19 @@ the timing itself starts processes; tests/train/harness/test_throughput.py check
 loop's losses are the harness's)."""
 
 import json
+import pathlib
 import sys
 
 import pytest
 
-from benches.train.harness.bench_loop import Timing, alone_overrides, main, plain_loop, rows
+from benches.train.harness.bench_loop import (
+    Timing,
+    alone_overrides,
+    imported_train,
+    main,
+    plain_loop,
+    rows,
+)
 from tests.train.conftest import MQA, tiny_experiment
 from train.config import load_experiment
 
@@ -73,3 +81,13 @@ def test_the_loop_process_prints_its_result_as_json(config, capsys):
                  "--overrides", json.dumps(overrides)]) == 0
     r = json.loads(capsys.readouterr().out)
     assert len(r["losses"]) == 2 and r["train_seconds"] > 0
+
+
+def test_another_tree_s_harness_imports_that_tree_s_train(tmp_path, monkeypatch):
+    """`python -m` puts the working directory ahead of PYTHONPATH: started from this
+    repository, an older tree's harness would import this tree's train/ instead."""
+    tree = tmp_path / "old"
+    (tree / "train").mkdir(parents=True)
+    (tree / "train" / "__init__.py").write_text("")
+    monkeypatch.chdir(pathlib.Path(__file__).parents[3])  # the repository, train/ beside
+    assert imported_train(str(tree)) == (tree / "train" / "__init__.py").resolve()
