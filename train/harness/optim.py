@@ -62,8 +62,10 @@ def _adamw_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def build_optimizer(model: DecoderLM, train: dict[str, Any]) -> torch.optim.Optimizer:
-    """The optimizer `train["optimizer"]` names, at lr `train["lr"]`."""
+def build_optimizer(model: DecoderLM, train: dict[str, Any],
+                    muon: type[torch.optim.Optimizer] = Muon) -> torch.optim.Optimizer:
+    """The optimizer `train["optimizer"]` names, at lr `train["lr"]`; `muon` is the class
+    Muon's share is built with (torch.optim.Muon's signature: a benchmark passes torch's)."""
     name, lr, wd = train.get("optimizer", "adamw"), train["lr"], train["weight_decay"]
     betas = (train["beta1"], train["beta2"])
     params = [p for p in model.parameters() if p.requires_grad]
@@ -84,9 +86,9 @@ def build_optimizer(model: DecoderLM, train: dict[str, Any]) -> torch.optim.Opti
             return torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
         # match_rms_adamw scales Muon's update to AdamW's RMS, so one lr serves both
         # our Muon: torch's, with Newton-Schulz in fp32 on CPUs that emulate bf16
-        muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
+        hidden_opt = muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
         adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
-        return Combined([muon, adamw])
+        return Combined([hidden_opt, adamw])
     raise ValueError(f"train.optimizer must be one of adamw, muon, lion; got {name!r}")
 
 

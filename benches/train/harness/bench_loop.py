@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from train.config import Experiment, load_experiment
 from train.data import IGNORE, make_loaders
+from train.harness.muon import Muon
 from train.harness.optim import build_optimizer, build_schedule
 from train.lm.decoder import build_model
 
@@ -161,9 +162,10 @@ def seed_all(seed: int) -> None:
     np.random.seed(seed)
 
 
-def plain_loop(exp: Experiment, variant: str) -> dict:
+def plain_loop(exp: Experiment, variant: str, muon: type[torch.optim.Optimizer] = Muon) -> dict:
     """Train `variant` for train.max_steps steps in a plain PyTorch loop: forward, loss
-    (with MoE's balancing term, as the harness adds it), backward, clipping, step. Returns
+    (with MoE's balancing term, as the harness adds it), backward, clipping, step (`muon`:
+    the Muon class, where the optimizer is Muon; bench_muon passes torch's). Returns
     the steps' seconds, the tokens, the training loss of every step (before its update)
     and whether Lightning was imported (it should not be)."""
     config = exp.variant_config(variant)
@@ -176,7 +178,7 @@ def plain_loop(exp: Experiment, variant: str) -> dict:
     train_loader, _ = make_loaders(d.spec(), d.train_size, d.val_size, d.batch_size,
                                    seed=config["seed"])
     model = build_model(config).to(device)
-    optimizer = build_optimizer(model, t)
+    optimizer = build_optimizer(model, t, muon)
     schedule = build_schedule(optimizer, t)
     # clipped in the optimizer's order, as Lightning does: the norm's sum, to the last bit
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -1,7 +1,7 @@
 """Benchmark of rankzoo's Muon against torch's: one optimizer step, measured in one run.
 
     python -m benches.train.harness.bench_muon [--config configs/quick.yaml]
-        [--variant mha] [--steps N]
+        [--variant mha] [--steps N] [--curve]
 
 Builds the variant's model and times one Muon step over its hidden matrices (the
 parameters `optimizer: muon` gives Muon; random gradients, the same each step) with
@@ -10,11 +10,19 @@ bf16, in fp32 and as detected, after one 256x64 orthogonalization in each dtype.
 optimizers take turns step by step, so drift in the machine's load reaches all of them
 alike; each figure is the median over the steps. It prints the CPU's bf16 flags, the
 detection's verdict and each time as a ratio to torch's.
+
+With --curve it trains the variant instead, for the config's steps in bench_loop's plain
+loop (the same model, data, schedule and clipping as the harness) from one seed, once with
+torch.optim.Muon and once with each of ours, and compares their training-loss curves:
+the largest gap step by step and between 50-step means, and the final 50-step mean. The
+yardstick is torch's Muon against itself from another seed: a Muon whose curve is
+further from torch's than that does not train the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +33,10 @@ from train.config import load_experiment
 from train.harness.module import LMModule
 from train.harness.muon import Muon, cpu_bf16_native, ortho_dtype, zeropower_batched
 from train.harness.optim import muon_params
+
+from .bench_loop import plain_loop
+
+WINDOW = 50  # steps per mean: one step's loss is one batch's, noisy
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -83,12 +95,69 @@ def newton_schulz_ms(dtype: torch.dtype, repeats: int = 50) -> float:
     return statistics.median(seconds) * 1e3
 
 
+# ---------------------------------------------------------------- --curve
+
+MUONS = {"torch Muon (bf16)": torch.optim.Muon,
+         "ours, bf16": functools.partial(Muon, dtype=torch.bfloat16),
+         "ours, fp32": functools.partial(Muon, dtype=torch.float32),
+         "ours, detected": Muon}
+
+
+def window_means(losses: list[float]) -> torch.Tensor:
+    curve = torch.tensor(losses, dtype=torch.float64)  # [steps]
+    return curve.unfold(0, min(WINDOW, len(losses)), 1).mean(-1)  # [steps - WINDOW + 1]
+
+
+def curve_gaps(losses: list[float], reference: list[float]) -> dict[str, float]:
+    """How far one training-loss curve is from another: the largest step gap, the largest
+    gap between WINDOW-step means, and the final mean of each."""
+    step = (torch.tensor(losses) - torch.tensor(reference)).abs().max().item()
+    ours, ref = window_means(losses), window_means(reference)
+    return {"step": step, "mean": (ours - ref).abs().max().item(),
+            "final": ours[-1].item(), "final_ref": ref[-1].item()}
+
+
+def curves(config: str, variant: str) -> dict[str, list[float]]:
+    """The variant's training-loss curve with each Muon, from its seed; and torch's from
+    the next seed (the yardstick)."""
+    exp = load_experiment(config)
+    if exp.variant_config(variant)["train"].get("optimizer") != "muon":
+        raise SystemExit(f"variant {variant!r} of {config} does not train with Muon")
+    seed = exp.variant_config(variant)["seed"]
+    other = load_experiment(config, [f"seed={seed + 1}"])
+    out = {name: plain_loop(exp, variant, muon)["losses"] for name, muon in MUONS.items()}
+    out["torch Muon, seed +1"] = plain_loop(other, variant, torch.optim.Muon)["losses"]
+    return out
+
+
+def print_curves(config: str, variant: str) -> bool:
+    """Print each curve's gaps to torch's; True where every one of ours is within the
+    seed-to-seed yardstick."""
+    losses = curves(config, variant)
+    base = losses.pop("torch Muon (bf16)")
+    gaps = {name: curve_gaps(l, base) for name, l in losses.items()}
+    yard = gaps["torch Muon, seed +1"]
+    print(f"{variant}: {len(base)} steps, training loss against torch's Muon from the same "
+          f"seed (final {WINDOW}-step mean {yard['final_ref']:.4f})")
+    for name, g in gaps.items():
+        shift = g["final"] - g["final_ref"]
+        print(f"  {name:20s} largest step gap {g['step']:.4f}, largest {WINDOW}-step-mean "
+              f"gap {g['mean']:.4f}, final mean {g['final']:.4f} ({shift:+.4f})")
+    ok = all(g["mean"] <= yard["mean"] for n, g in gaps.items() if n.startswith("ours"))
+    print(f"ours within torch's seed-to-seed gap ({yard['mean']:.4f}): {'yes' if ok else 'NO'}")
+    return ok
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/quick.yaml")
     parser.add_argument("--variant", default="mha")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--curve", action="store_true",
+                        help="train the variant with each Muon and compare loss curves")
     args = parser.parse_args(argv)
+    if args.curve:
+        raise SystemExit(0 if print_curves(args.config, args.variant) else 1)
     params = hidden_matrices(args.config, args.variant)
     shapes = sorted({tuple(p.shape) for p in params})
     print(f"{args.variant}: {len(params)} hidden matrices, shapes {shapes}; "
