@@ -62,34 +62,50 @@ def _adamw_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def _adamw(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(_adamw_groups(params, train["weight_decay"]), lr=train["lr"],
+                             betas=(train["beta1"], train["beta2"]))
+
+
+def _lion(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimizer:
+    try:
+        from lion_pytorch import Lion
+    except ImportError:
+        raise ValueError("train.optimizer 'lion' needs the package lion-pytorch: "
+                         "pip install lion-pytorch") from None
+    params = [p for p in model.parameters() if p.requires_grad]
+    return Lion(_adamw_groups(params, train["weight_decay"]), lr=train["lr"],
+                betas=(train["beta1"], train["beta2"]))
+
+
+def _muon(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimizer:
+    """`muon` on the hidden matrices, AdamW on the rest; one lr serves both (Muon's
+    match_rms_adamw scales its update to AdamW's RMS)."""
+    lr, wd, betas = train["lr"], train["weight_decay"], (train["beta1"], train["beta2"])
+    hidden = muon_params(model)
+    ids = {id(p) for p in hidden}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
+    if not hidden:  # every hidden matrix frozen (a LoRA fine-tune): AdamW on the rest
+        return adamw
+    return Combined([muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw"),
+                     adamw])
+
+
+OPTIMIZERS = {"adamw": _adamw, "muon": _muon, "lion": _lion}  # train.optimizer -> builder
+
+
 def build_optimizer(model: DecoderLM, train: dict[str, Any],
                     muon: type[torch.optim.Optimizer] = Muon) -> torch.optim.Optimizer:
     """The optimizer `train["optimizer"]` names, at lr `train["lr"]`; `muon` is the class
-    Muon's share is built with (torch.optim.Muon's signature: a benchmark passes torch's)."""
-    name, lr, wd = train.get("optimizer", "adamw"), train["lr"], train["weight_decay"]
-    betas = (train["beta1"], train["beta2"])
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name == "adamw":
-        return torch.optim.AdamW(_adamw_groups(params, wd), lr=lr, betas=betas)
-    if name == "lion":
-        try:
-            from lion_pytorch import Lion
-        except ImportError:
-            raise ValueError("train.optimizer 'lion' needs the package lion-pytorch: "
-                             "pip install lion-pytorch") from None
-        return Lion(_adamw_groups(params, wd), lr=lr, betas=betas)
-    if name == "muon":
-        hidden = muon_params(model)
-        ids = {id(p) for p in hidden}
-        rest = [p for p in params if id(p) not in ids]
-        if not hidden:  # every hidden matrix frozen (a LoRA fine-tune): AdamW on the rest
-            return torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
-        # match_rms_adamw scales Muon's update to AdamW's RMS, so one lr serves both
-        # our Muon: torch's, with Newton-Schulz in fp32 on CPUs that emulate bf16
-        hidden_opt = muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
-        adamw = torch.optim.AdamW(_adamw_groups(rest, wd), lr=lr, betas=betas)
-        return Combined([hidden_opt, adamw])
-    raise ValueError(f"train.optimizer must be one of adamw, muon, lion; got {name!r}")
+    Muon's share is built with (torch.optim.Muon's signature: ours by default, which
+    orthogonalizes in the device's fast dtype; a benchmark passes torch's)."""
+    name = train.get("optimizer", "adamw")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"train.optimizer must be one of {', '.join(OPTIMIZERS)}; "
+                         f"got {name!r}")
+    return OPTIMIZERS[name](model, train, muon)
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
