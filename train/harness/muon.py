@@ -6,8 +6,10 @@ and the orthogonalization dominated a training step. This Muon keeps torch's sem
 (momentum with Nesterov, the same quintic coefficients and steps, decoupled weight decay,
 the same lr adjustment) and its state dict (it subclasses torch's Muon: same group keys
 and a "momentum_buffer" per parameter, so checkpoints load either way), but runs
-Newton-Schulz in bf16 on CUDA and on CPUs where a probe finds bf16 matmul native, in fp32
-on other CPUs; matrices of one shape go through one batched call.
+Newton-Schulz in bf16 on CUDA and, on a CPU, in whichever of bf16 and fp32 a timed probe
+of the iteration finds faster for that shape: fp32 wherever bf16 matmul is emulated, and
+on native bf16 (AVX512-BF16, AMX) fp32 at toy widths, bf16 at a model's. Matrices of one
+shape go through one batched call.
 """
 
 from __future__ import annotations
@@ -20,20 +22,22 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-# bf16 counts as native when its matmul is no slower than this times fp32's: emulated
-# bf16 measured 7.8x (Zen 2), native bf16 is at or below fp32's time.
-NATIVE_BF16_MAX_RATIO = 1.5
-PROBE_SIZE = 256  # the probe's square matmul: big enough to time, ~1 ms in fp32
-PROBE_REPEATS = 5
+# On a CPU, bf16 is chosen only where its Newton-Schulz takes under this share of fp32's:
+# a clear win, so that load noise does not flip the choice from one process to the next.
+# Measured on 2 cores with AMX: bf16 2.1x fp32's time at 64 x 64, 1.4x at 256 x 64, 0.17x
+# at 576 x 1536; with bf16 emulated (Zen 2) 7.8x at 256 x 64.
+BF16_MAX_SHARE = 0.75
+PROBE_REPEATS = 2  # timed calls per dtype after a warm-up; the fastest counts
+PROBE_COEFFS = (3.4445, -4.7750, 2.0315)  # torch's defaults: the values do not change the time
 
 
-def _matmul_seconds(dtype: torch.dtype) -> float:
-    x = torch.randn(PROBE_SIZE, PROBE_SIZE).to(dtype)
-    x @ x  # warm-up: first-call dispatch and allocation
+def _ns_seconds(m: int, k: int, dtype: torch.dtype) -> float:
+    grad = torch.randn(1, m, k)  # [1, m, k]: one matrix; a stack of them scales alike
+    zeropower_batched(grad, PROBE_COEFFS, 5, 1e-7, dtype)  # warm-up: dispatch, allocation
     best = float("inf")
     for _ in range(PROBE_REPEATS):  # the minimum: the least disturbed by other load
         start = time.perf_counter()
-        x @ x
+        zeropower_batched(grad, PROBE_COEFFS, 5, 1e-7, dtype)
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -60,16 +64,20 @@ def closure_loss(closure):
 
 
 @functools.cache
-def cpu_bf16_native() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively, by a timed probe (once per
-    process): timing, not /proc/cpuinfo flags, since oneDNN may or may not use them."""
-    return _matmul_seconds(torch.bfloat16) <= NATIVE_BF16_MAX_RATIO * _matmul_seconds(torch.float32)
+def cpu_ortho_dtype(m: int, k: int) -> torch.dtype:
+    """The dtype Newton-Schulz on an m x k matrix runs fastest in on this CPU, by timing
+    the iteration in both (once per shape and process; a few calls, ~0.1 s at 576 x 1536):
+    timing, not /proc/cpuinfo flags, since oneDNN may or may not use them, and whether
+    native bf16 wins depends on the shape."""
+    bf16, fp32 = _ns_seconds(m, k, torch.bfloat16), _ns_seconds(m, k, torch.float32)
+    return torch.bfloat16 if bf16 < BF16_MAX_SHARE * fp32 else torch.float32
 
 
-def ortho_dtype(device: torch.device) -> torch.dtype:
-    """The dtype Newton-Schulz runs in on `device`: bf16 unless a CPU emulates it."""
-    if device.type == "cpu" and not cpu_bf16_native():
-        return torch.float32
+def ortho_dtype(device: torch.device, shape: tuple[int, ...]) -> torch.dtype:
+    """The dtype Newton-Schulz runs in for matrices of `shape` (..., m, k) on `device`:
+    bf16 on an accelerator, as torch's Muon; on a CPU the faster of bf16 and fp32."""
+    if device.type == "cpu":
+        return cpu_ortho_dtype(*shape[-2:])
     return torch.bfloat16
 
 
@@ -136,7 +144,7 @@ class Muon(torch.optim.Muon):
         torch._foreach_add_(params, list(ortho.to(params[0].dtype).unbind(0)), alpha=-adjusted)
 
     def _dtype(self, p: Tensor) -> torch.dtype:
-        return self.dtype if self.dtype is not None else ortho_dtype(p.device)
+        return self.dtype if self.dtype is not None else ortho_dtype(p.device, p.shape)
 
     def _momentum_buffer(self, p: Tensor) -> Tensor:
         state = self.state[p]

@@ -6,10 +6,11 @@
 Builds the variant's model and times one Muon step over its hidden matrices (the
 parameters `optimizer: muon` gives Muon; random gradients, the same each step) with
 torch.optim.Muon (Newton-Schulz always in bf16) and with train/harness/muon.py's Muon in
-bf16, in fp32 and as detected, after one 256x64 orthogonalization in each dtype. The
+bf16, in fp32 and as detected (per shape, the clearly faster of the two on this CPU),
+after one 256x64 orthogonalization in each dtype. The
 optimizers take turns step by step, so drift in the machine's load reaches all of them
 alike; each figure is the median over the steps. It prints the CPU's bf16 flags, the
-detection's verdict and each time as a ratio to torch's.
+detection's verdict per shape and each time as a ratio to torch's.
 
 With --curve it trains the variant instead, for the config's steps in bench_loop's plain
 loop (the same model, data, schedule and clipping as the harness) from one seed, once with
@@ -31,7 +32,7 @@ import torch
 
 from train.config import load_experiment
 from train.harness.module import LMModule
-from train.harness.muon import Muon, cpu_bf16_native, ortho_dtype, zeropower_batched
+from train.harness.muon import Muon, ortho_dtype, zeropower_batched
 from train.harness.optim import muon_params
 
 from .bench_loop import plain_loop
@@ -162,9 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     shapes = sorted({tuple(p.shape) for p in params})
     print(f"{args.variant}: {len(params)} hidden matrices, shapes {shapes}; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    detected = ortho_dtype(torch.device("cpu"))
-    print(f"CPU bf16 flags: {cpu_flags()}; probe: bf16 matmul native = {cpu_bf16_native()}"
-          f" -> Newton-Schulz in {str(detected).removeprefix('torch.')}")
+    verdicts = ", ".join(f"{m}x{k} {str(ortho_dtype(torch.device('cpu'), (m, k)))[6:]}"
+                         for m, k in shapes)
+    print(f"CPU bf16 flags: {cpu_flags()}; the probe's Newton-Schulz dtype per shape: "
+          f"{verdicts}")
     bf16, fp32 = newton_schulz_ms(torch.bfloat16), newton_schulz_ms(torch.float32)
     print(f"one 256x64 Newton-Schulz: bf16 {bf16:.3f} ms, fp32 {fp32:.3f} ms "
           f"(bf16 {bf16 / fp32:.2f}x fp32)")

@@ -53,8 +53,13 @@ def test_zeropower_batched_names_a_bad_shape():
         zeropower_batched(torch.randn(4, 4), COEFFS, 5, 1e-7, torch.float32)
 
 
+def _detect(monkeypatch, dtype: torch.dtype) -> None:
+    """Detection that picks `dtype` for every shape (the real one times this machine)."""
+    monkeypatch.setattr(muon_mod, "cpu_ortho_dtype", lambda m, k: dtype)
+
+
 def _step_both(monkeypatch, native: bool, steps: int = 2):
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: native)
+    _detect(monkeypatch, torch.bfloat16 if native else torch.float32)
     theirs, ours = _params(), None
     ours = _clone(theirs)
     kw = {"lr": 1e-2, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
@@ -79,37 +84,62 @@ def test_step_in_fp32_is_within_bf16_tolerance(monkeypatch):
         assert (o - t).abs().max() < 0.05 * lr_step
 
 
-def test_dtype_follows_detection(monkeypatch):
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
-    assert ortho_dtype(torch.device("cpu")) == torch.float32
-    assert ortho_dtype(torch.device("cuda")) == torch.bfloat16
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: True)
-    assert ortho_dtype(torch.device("cpu")) == torch.bfloat16
+@pytest.mark.parametrize("bf16_ms, fp32_ms, want", [
+    (7.8, 1.0, torch.float32),    # emulated bf16 (Zen 2)
+    (1.4, 1.0, torch.float32),    # native bf16 at a toy width: its conversions dominate
+    (0.8, 1.0, torch.float32),    # faster, but not clearly: a margin against load noise
+    (0.17, 1.0, torch.bfloat16),  # native bf16 at a model's width (AMX)
+], ids=["emulated", "native-toy", "within-margin", "native-wide"])
+def test_cpu_dtype_is_the_clearly_faster(monkeypatch, bf16_ms, fp32_ms, want):
+    times = {torch.bfloat16: bf16_ms, torch.float32: fp32_ms}
+    monkeypatch.setattr(muon_mod, "_ns_seconds", lambda m, k, dtype: times[dtype])
+    assert muon_mod.cpu_ortho_dtype.__wrapped__(64, 64) == want
 
 
-def test_step_uses_the_detected_dtype(monkeypatch):
+def test_dtype_is_bf16_off_the_cpu_and_per_shape_on_it(monkeypatch):
+    monkeypatch.setattr(muon_mod, "cpu_ortho_dtype",
+                        lambda m, k: torch.bfloat16 if m * k > 10_000 else torch.float32)
+    assert ortho_dtype(torch.device("cuda"), (64, 64)) == torch.bfloat16
+    assert ortho_dtype(torch.device("cpu"), (3, 64, 64)) == torch.float32
+    assert ortho_dtype(torch.device("cpu"), (256, 64)) == torch.bfloat16
+
+
+def test_step_uses_the_detected_dtype_per_shape(monkeypatch):
     seen = []
     real = muon_mod.zeropower_batched
 
     def spy(grads, coeffs, steps, eps, dtype):
-        seen.append(dtype)
+        seen.append((tuple(grads.shape[1:]), dtype))
         return real(grads, coeffs, steps, eps, dtype)
 
     monkeypatch.setattr(muon_mod, "zeropower_batched", spy)
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
-    params = _params()
-    Muon(params, lr=1e-2).step()
-    # one call per distinct shape, all in fp32
-    assert seen == [torch.float32] * len(set(SHAPES))
+    monkeypatch.setattr(muon_mod, "cpu_ortho_dtype",
+                        lambda m, k: torch.bfloat16 if m > k else torch.float32)
+    Muon(_params(), lr=1e-2).step()
+    # one call per distinct shape, each in its own shape's dtype
+    assert sorted(seen, key=str) == sorted(
+        [(s, torch.bfloat16 if s[0] > s[1] else torch.float32) for s in set(SHAPES)], key=str)
 
 
-def test_probe_is_cached():
-    assert muon_mod.cpu_bf16_native() is muon_mod.cpu_bf16_native()
-    assert muon_mod.cpu_bf16_native.cache_info().misses <= 1
+def test_probe_times_each_shape_once(monkeypatch):
+    calls = []
+
+    def timed(m, k, dtype):
+        calls.append((m, k))
+        return 1.0
+
+    monkeypatch.setattr(muon_mod, "_ns_seconds", timed)
+    muon_mod.cpu_ortho_dtype.cache_clear()
+    try:
+        for shape in [(64, 32), (64, 32), (32, 64)]:
+            muon_mod.cpu_ortho_dtype(*shape)
+        assert calls == [(64, 32), (64, 32), (32, 64), (32, 64)]  # bf16 and fp32, per shape
+    finally:
+        muon_mod.cpu_ortho_dtype.cache_clear()  # the real probe's verdicts, not these
 
 
 def test_state_dict_round_trips_with_torchs(monkeypatch):
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    _detect(monkeypatch, torch.float32)
     params = _params()
     ours = Muon(params, lr=1e-2, adjust_lr_fn="match_rms_adamw")
     ours.step()
@@ -127,7 +157,7 @@ def test_state_dict_round_trips_with_torchs(monkeypatch):
 
 
 def test_resumed_step_equals_uninterrupted(monkeypatch):
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    _detect(monkeypatch, torch.float32)
     straight = _params()
     opt = Muon(straight, lr=1e-2)
     opt.step()
@@ -141,7 +171,7 @@ def test_resumed_step_equals_uninterrupted(monkeypatch):
 
 
 def test_forced_dtype_overrides_detection_and_is_not_saved(monkeypatch):
-    monkeypatch.setattr(muon_mod, "cpu_bf16_native", lambda: False)
+    _detect(monkeypatch, torch.float32)
     theirs, ours = _params(), None
     ours = _clone(theirs)
     torch.optim.Muon(theirs, lr=1e-2).step()
