@@ -105,11 +105,28 @@ def zeropower_batched(grads: Tensor, ns_coefficients: tuple[float, float, float]
 class Muon(torch.optim.Muon):
     """torch.optim.Muon with the orthogonalization in `ortho_dtype` and batched by shape.
     torch's constructor, validation and state dict; the keyword `dtype` fixes the
-    orthogonalization's dtype (benchmarks, tests) and is not saved: None chooses by device."""
+    orthogonalization's dtype (benchmarks, tests) and is not saved: None chooses by device.
+    The CPU probe's verdict per shape is saved in the state dict ("ortho_dtypes", which
+    torch's Muon ignores), so that a resumed run computes what the uninterrupted one did
+    even where a new probe on a loaded machine would choose otherwise."""
 
     def __init__(self, params, *args, dtype: torch.dtype | None = None, **kwargs):
         super().__init__(params, *args, **kwargs)
         self.dtype = dtype
+        self.chosen: dict[tuple[int, int], torch.dtype] = {}  # (m, k) -> the CPU verdict
+
+    def state_dict(self) -> dict:
+        out = super().state_dict()
+        if self.chosen:  # strings, not dtypes: checkpoints load with weights_only
+            out["ortho_dtypes"] = {f"{m}x{k}": str(d).removeprefix("torch.")
+                                   for (m, k), d in self.chosen.items()}
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("ortho_dtypes", {})
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "ortho_dtypes"})
+        self.chosen = {tuple(int(n) for n in shape.split("x")): getattr(torch, name)
+                       for shape, name in saved.items()}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -144,7 +161,14 @@ class Muon(torch.optim.Muon):
         torch._foreach_add_(params, list(ortho.to(params[0].dtype).unbind(0)), alpha=-adjusted)
 
     def _dtype(self, p: Tensor) -> torch.dtype:
-        return self.dtype if self.dtype is not None else ortho_dtype(p.device, p.shape)
+        if self.dtype is not None:
+            return self.dtype
+        if p.device.type != "cpu":
+            return ortho_dtype(p.device, p.shape)
+        shape = (p.shape[-2], p.shape[-1])
+        if shape not in self.chosen:
+            self.chosen[shape] = ortho_dtype(p.device, shape)
+        return self.chosen[shape]
 
     def _momentum_buffer(self, p: Tensor) -> Tensor:
         state = self.state[p]
