@@ -62,10 +62,18 @@ def _adamw_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict]
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def _trainable_groups(model: DecoderLM, train: dict[str, Any]) -> list[dict]:
+    return _adamw_groups([p for p in model.parameters() if p.requires_grad],
+                         train["weight_decay"])
+
+
+def _betas(train: dict[str, Any]) -> tuple[float, float]:
+    return train["beta1"], train["beta2"]
+
+
 def _adamw(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(_adamw_groups(params, train["weight_decay"]), lr=train["lr"],
-                             betas=(train["beta1"], train["beta2"]))
+    return torch.optim.AdamW(_trainable_groups(model, train), lr=train["lr"],
+                             betas=_betas(train))
 
 
 def _lion(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimizer:
@@ -74,15 +82,13 @@ def _lion(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimize
     except ImportError:
         raise ValueError("train.optimizer 'lion' needs the package lion-pytorch: "
                          "pip install lion-pytorch") from None
-    params = [p for p in model.parameters() if p.requires_grad]
-    return Lion(_adamw_groups(params, train["weight_decay"]), lr=train["lr"],
-                betas=(train["beta1"], train["beta2"]))
+    return Lion(_trainable_groups(model, train), lr=train["lr"], betas=_betas(train))
 
 
 def _muon(model: DecoderLM, train: dict[str, Any], muon) -> torch.optim.Optimizer:
     """`muon` on the hidden matrices, AdamW on the rest; one lr serves both (Muon's
     match_rms_adamw scales its update to AdamW's RMS)."""
-    lr, wd, betas = train["lr"], train["weight_decay"], (train["beta1"], train["beta2"])
+    lr, wd, betas = train["lr"], train["weight_decay"], _betas(train)
     hidden = muon_params(model)
     ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]

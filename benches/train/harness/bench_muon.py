@@ -7,9 +7,9 @@ Builds the variant's model and times one Muon step over its hidden matrices (the
 parameters `optimizer: muon` gives Muon; random gradients, the same each step) with
 torch.optim.Muon (Newton-Schulz always in bf16) and with train/harness/muon.py's Muon in
 bf16, in fp32 and as detected (per shape, the clearly faster of the two on this CPU),
-after one 256x64 orthogonalization in each dtype. The
-optimizers take turns step by step, so drift in the machine's load reaches all of them
-alike; each figure is the median over the steps. It prints the CPU's bf16 flags, the
+after one 256x64 orthogonalization in each dtype. The optimizers take turns step by step,
+so drift in the machine's load reaches all of them alike; each figure is the median over
+the steps. It prints the CPU's bf16 flags, the
 detection's verdict per shape and each time as a ratio to torch's.
 
 With --curve it trains the variant instead, for the config's steps in bench_loop's plain
@@ -136,7 +136,7 @@ def print_curves(config: str, variant: str) -> bool:
     seed-to-seed yardstick."""
     losses = curves(config, variant)
     base = losses.pop("torch Muon (bf16)")
-    gaps = {name: curve_gaps(l, base) for name, l in losses.items()}
+    gaps = {name: curve_gaps(curve, base) for name, curve in losses.items()}
     yard = gaps["torch Muon, seed +1"]
     print(f"{variant}: {len(base)} steps, training loss against torch's Muon from the same "
           f"seed (final {WINDOW}-step mean {yard['final_ref']:.4f})")
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     shapes = sorted({tuple(p.shape) for p in params})
     print(f"{args.variant}: {len(params)} hidden matrices, shapes {shapes}; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    verdicts = ", ".join(f"{m}x{k} {str(ortho_dtype(torch.device('cpu'), (m, k)))[6:]}"
+    cpu = torch.device("cpu")
+    verdicts = ", ".join(f"{m}x{k} {str(ortho_dtype(cpu, (m, k))).removeprefix('torch.')}"
                          for m, k in shapes)
     print(f"CPU bf16 flags: {cpu_flags()}; the probe's Newton-Schulz dtype per shape: "
           f"{verdicts}")
