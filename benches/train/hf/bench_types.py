@@ -2,7 +2,7 @@
 P and logits are from eager attention's (and a rebuilt SSD mixing from the scan's output),
 and the seconds of a report at 2 x 64 tokens.
 
-    python -m benches.train.hf.bench_types            # one line per type (train/hf/tiny.py)
+    python -m benches.train.hf.bench_types            # one line per type (tests/hf_tiny.py)
 
 Tiny random models (hidden 64) are built offline and saved into a temporary directory;
 the text is random printable bytes (no tokenizer: ids are bytes modulo the vocabulary).
@@ -22,7 +22,7 @@ from budgets.hf.probe import build_hf_report
 from budgets.hf.scans import capture_scans, rebuild
 from train.hf.model_dir import import_transformers, quiet
 from train.hf.probe import probe_hf, zoo_blocks
-from train.hf.tiny import TINY, VOCAB, tiny_model
+from tests.hf_tiny import TINY, VOCAB, tiny_model
 
 B, T = 2, 64
 
@@ -68,7 +68,7 @@ def row(model_type: str, root: Path, text: Path) -> str:
 
 def main() -> None:
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    print(f"report --hf at {B} x {T} tokens, tiny random models (train/hf/tiny.py), "
+    print(f"report --hf at {B} x {T} tokens, tiny random models (tests/hf_tiny.py), "
           f"{torch.get_num_threads()} threads")
     print("| model type | layers | kinds | figures | max abs P - eager | max abs logits - "
           "eager | max abs SSD rebuild - scan | seconds | not measured |")

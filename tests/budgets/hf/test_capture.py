@@ -1,5 +1,5 @@
 """The capture of any transformers causal LM (budgets/hf/capture.py, budgets/hf/projections.py):
-on tiny random models of many types (train/hf/tiny.py, built offline), the captured P
+on tiny random models of many types (tests/hf_tiny.py, built offline), the captured P
 and the model's logits equal eager attention's, the projections found reproduce the
 captured keys, queries and values, and the probe runs on both paths."""
 
@@ -21,7 +21,7 @@ from budgets.hf.capture import (  # noqa: E402
 )
 from budgets.hf.probe import probe_hf_model  # noqa: E402
 from budgets.hf.projections import discover  # noqa: E402
-from train.hf.tiny import ATTENTION_TYPES, VOCAB, tiny_model  # noqa: E402
+from tests.hf_tiny import ATTENTION_TYPES, VOCAB, tiny_model  # noqa: E402
 
 B, T = 2, 24
 

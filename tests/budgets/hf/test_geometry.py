@@ -61,7 +61,7 @@ def test_each_layers_window_is_the_one_its_forward_attends_with(model_type, extr
     layer types and switches are the model's own business."""
     pytest.importorskip("transformers", reason="tiny models need transformers")
     from budgets.hf.capture import capture
-    from train.hf.tiny import VOCAB, tiny_model
+    from tests.hf_tiny import VOCAB, tiny_model
 
     model, calls = tiny_model(model_type, **extra), []
     ids = torch.randint(3, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))

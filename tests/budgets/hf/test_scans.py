@@ -1,6 +1,6 @@
 """The SSD mixing of Mamba-2-family mixers and Mamba-1 selective scans (budgets/hf/scans.py),
 captured from the scan calls of tiny random mamba2, bamba, falcon_h1 and mamba models
-(train/hf/tiny.py, offline): the
+(tests/hf_tiny.py, offline): the
 rebuilt mixing gives the scan's output, equals an independent recurrence, and is probed
 the same on the exact and the matrix-free path."""
 
@@ -21,7 +21,7 @@ from budgets.hf.scans import (  # noqa: E402
     ssd_mixing,
     step_sizes,
 )
-from train.hf.tiny import SSM_TYPES, VOCAB, tiny_model  # noqa: E402
+from tests.hf_tiny import SSM_TYPES, VOCAB, tiny_model  # noqa: E402
 
 B, T = 2, 40  # T not a multiple of the 16-token chunks: the scan pads
 

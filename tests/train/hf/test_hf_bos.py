@@ -13,7 +13,7 @@ transformers = pytest.importorskip(
 
 from train.cli import main  # noqa: E402
 from train.hf import bos_of, probe_batch  # noqa: E402
-from train.hf.tiny import tiny_model  # noqa: E402
+from tests.hf_tiny import tiny_model  # noqa: E402
 
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "rank", "budget", "zoo", "heads")
 BOS = 1

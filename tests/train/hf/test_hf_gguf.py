@@ -15,7 +15,7 @@ gguf = pytest.importorskip("gguf", reason="GGUF input needs gguf (pip install 'r
 
 from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
-from train.hf.tiny import tiny_model  # noqa: E402
+from tests.hf_tiny import tiny_model  # noqa: E402
 
 T, P = 32, 2
 

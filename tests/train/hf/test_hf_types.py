@@ -1,5 +1,5 @@
 """`report --hf` and `compress --hf` end to end on a tiny saved model of each type the probe
-is checked on (train/hf/tiny.py; built offline), and a clear error for what is out of
+is checked on (tests/hf_tiny.py; built offline), and a clear error for what is out of
 reach."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import budgets  # noqa: E402
 from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
-from train.hf.tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
+from tests.hf_tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
 
 T, P = 32, 2
 
@@ -144,7 +144,7 @@ def test_what_is_out_of_reach_is_a_clear_error(tmp_path, text_file, capsys):
 
 
 def test_other_mixers_are_named_as_not_measured(saved, text_file, capsys):
-    # lfm2: short convolutions in two layers, attention in one (train/hf/tiny.py)
+    # lfm2: short convolutions in two layers, attention in one (tests/hf_tiny.py)
     path = saved("lfm2")
     model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     convs = [i for i, t in enumerate(model.config.layer_types) if t == "conv"]

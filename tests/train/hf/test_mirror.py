@@ -26,7 +26,7 @@ from train.commands.mirror.emit import (  # noqa: E402
 from train.commands.mirror.pattern import decoder_kinds, ranges, unit_length  # noqa: E402
 from train.config.load import load_experiment  # noqa: E402
 from train.hf import probe_hf  # noqa: E402
-from train.hf.tiny import tiny_model  # noqa: E402
+from tests.hf_tiny import tiny_model  # noqa: E402
 
 T, P = 32, 1  # probe length and size: 32 tokens of text
 SIZES = MirrorSizes(d_model=64, n_heads=4, seq_len=T)

@@ -178,7 +178,7 @@ def test_compress_hf_library_call(llama_dir, texts):
     ("gpt_oss", "post-rope"),     # sinks and windows, keys projected inside the attention
 ])
 def test_full_rank_equals_the_original_on_any_layout(model_type, keys):
-    from train.hf.tiny import tiny_model
+    from tests.hf_tiny import tiny_model
 
     target = HFTarget(tiny_model(model_type), keys)
     ids = torch.randint(3, 128, (3, 24), generator=torch.Generator().manual_seed(0))
@@ -238,7 +238,7 @@ def test_hf_output_gains_predict_the_attention_error_on_one_scale(model_type):
     # what a slot drops at rank r, times its layer's residual energy, is the squared
     # error of that layer's attention output (after W_O) per token, to first order:
     # windows, GQA and sink logits included; within a factor of 3 on these tiny models
-    from train.hf.tiny import tiny_model
+    from tests.hf_tiny import tiny_model
 
     model = tiny_model(model_type)
     with torch.no_grad():  # sharper attention than the tiny models' init gives

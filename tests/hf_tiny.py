@@ -1,5 +1,6 @@
-"""Tiny random Hugging Face causal LMs built offline from configs (hidden 64, 2-6 layers),
-one per model type the rank-budget probe is checked on.
+"""A test fixture, not part of the product: tiny random Hugging Face causal LMs built
+offline from configs (hidden 64, 2-6 layers), one per model type the rank-budget probe is
+checked on. The tests and benches/train/hf/bench_types.py share it.
 
     model = tiny_model("gemma3_text")          # eval mode, eager attention, seeded weights
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model_dir import import_transformers
+from train.hf.model_dir import import_transformers
 
 D, H, G, K, VOCAB = 64, 4, 2, 16, 128
 COMMON = dict(hidden_size=D, intermediate_size=128, num_attention_heads=H,
