@@ -330,7 +330,7 @@ def _train(adapters: list[Adapter], logits: Callable, model: nn.Module, teacher:
 
 def _point(step: int, per_step: int, train_loss, metrics: dict) -> dict:
     return {"step": step, "tokens": step * per_step, "train_loss": train_loss,
-            **{k: v for k, v in metrics.items() if k != "tokens"}}
+            **{k: v for k, v in metrics.items() if k not in ("tokens", "per_sequence")}}
 
 
 def _document(doc: dict, index: int, options, adapters: list[Adapter], curve: list[dict],

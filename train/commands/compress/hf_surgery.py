@@ -30,6 +30,7 @@ from budgets.hf.capture import (
 from budgets.hf.geometry import Geometry
 from budgets.hf.projections import Rows, discover
 
+from .agreement import PerSequence
 from .lowrank import Slot, project_heads, project_rows
 from .options import resolve_keys
 from .readout import Weight, readout_weights
@@ -243,16 +244,21 @@ class HFTarget:
 
     @torch.no_grad()
     def evaluate(self, ids: torch.Tensor, labels=None, batch_size: int = 1) -> dict:
-        """Mean next-token cross-entropy over every position, and its perplexity."""
+        """Mean next-token cross-entropy over every position, and its perplexity; per
+        sequence, its summed loss and positions (for a change's standard error)."""
         where = next(self.model.parameters()).device
-        loss, count = 0.0, 0
+        loss, count, sums = 0.0, 0, []
         for start in range(0, len(ids), batch_size):
             chunk = ids[start:start + batch_size].to(where)
             logits = self.model(input_ids=chunk, use_cache=False).logits.float()
+            losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), chunk[:, 1:],
+                                     reduction="none")  # [b, T - 1]
             loss += float(F.cross_entropy(logits[:, :-1].flatten(0, 1), chunk[:, 1:].flatten(),
                                           reduction="sum"))
             count += chunk[:, 1:].numel()
-        return {"loss": loss / count, "perplexity": math.exp(loss / count), "tokens": count}
+            sums += losses.sum(-1).tolist()
+        return {"loss": loss / count, "perplexity": math.exp(loss / count), "tokens": count,
+                "per_sequence": PerSequence(sums, [ids.shape[1] - 1] * len(sums))}
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from ...render.compress import setting_name
-from .agreement import agreement
+from .agreement import agreement, change_se
 from .calibrate import Calibration
 from .choices import Setting, choices_summary, layer_choices, setting_bytes, window_candidates
 from .lowrank import Slot, cache_bytes, full_ranks, projectors, retained_energy
@@ -78,7 +78,7 @@ def full_row(target, nbytes: int, T: int, baseline: dict) -> dict:
             "ranks_summary": "full", "retained_energy": 1.0, "bases": None, "delta_loss": 0.0,
             "predicted_delta_loss": 0.0, "choices": None, "choices_summary": "full",
             "windows": [], "check": None,
-            **{k: v for k, v in baseline.items() if k != "tokens"},
+            **{k: v for k, v in baseline.items() if k not in ("tokens", "per_sequence")},
             **({"delta_accuracy": 0.0} if "accuracy" in baseline else {})}
 
 
@@ -103,7 +103,8 @@ def make_row(target, cal: Calibration, alloc: str, goal, setting: Setting, nbyte
            "windows": [{"layer": layer, "kv_head": g, "window": W, "sinks": s}
                        for (layer, g), (W, s) in sorted(setting.windows.items())],
            "predicted_delta_loss": predicted, "check": check,
-           "loss": metrics["loss"], "delta_loss": metrics["loss"] - baseline["loss"]}
+           "loss": metrics["loss"], "delta_loss": metrics["loss"] - baseline["loss"],
+           "delta_loss_se": change_se(metrics, baseline)}
     for name in ("accuracy", "perplexity"):
         if name in metrics:
             row[name] = metrics[name]

@@ -34,6 +34,7 @@ from budgets.probe.inputs import module_inputs
 from zoo.block import CacheSlot, split_heads
 from zoo.ops.attention.reference import causal_band, expand_kv
 
+from .agreement import PerSequence
 from .lowrank import Slot, project_heads
 from .options import resolve_keys
 from .readout import Weight, query_weight, readout_weights
@@ -382,7 +383,7 @@ class ZooTarget:
         from ...data import IGNORE
 
         labels = next_tokens(tokens) if labels is None else labels
-        loss, correct, count = 0.0, 0, 0
+        loss, correct, count, sums, positions = 0.0, 0, 0, [], []
         for start in range(0, len(tokens), batch_size):
             t, y = tokens[start:start + batch_size], labels[start:start + batch_size]
             logits = self.model(t).float()  # [B, T, vocab]
@@ -391,6 +392,10 @@ class ZooTarget:
             mask = y != IGNORE
             correct += int(((logits.argmax(-1) == y) & mask).sum())
             count += int(mask.sum())
+            sums += F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE,
+                                    reduction="none").sum(-1).tolist()  # per sequence
+            positions += mask.sum(-1).tolist()
         if not count:
             raise ValueError("the evaluation data has no labelled positions")
-        return {"loss": loss / count, "accuracy": correct / count, "tokens": count}
+        return {"loss": loss / count, "accuracy": correct / count, "tokens": count,
+                "per_sequence": PerSequence(sums, positions)}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.train.commands.compress.test_compress import tiny, tokens
-from train.commands.compress.agreement import agreement
+from train.commands.compress.agreement import PerSequence, agreement, change_se, strength
 from train.commands.compress.allocate import Option, allocate
 from train.commands.compress.calibrate import calibrate
 from train.commands.compress.choices import (
@@ -81,6 +81,44 @@ def test_spearman_is_one_for_any_increasing_map_and_minus_one_reversed():
     assert a["settings"] == 4 and a["spearman"] == pytest.approx(1.0)
     assert a["ratio_settings"] == 3 and a["ratio_min"] == pytest.approx(0.4)
     assert a["ratio_max"] == pytest.approx(0.5)
+
+
+def test_a_change_s_standard_error_is_that_of_its_paired_per_sequence_differences():
+    g = torch.Generator().manual_seed(3)
+    before = torch.rand(9, generator=g) * 3 + 1
+    after = before + torch.randn(9, generator=g) * 0.1 + 0.05
+    n = [63] * 9
+    se = change_se({"per_sequence": PerSequence((after * 63).tolist(), n)},
+                   {"per_sequence": PerSequence((before * 63).tolist(), n)})
+    d = (after - before).double()
+    assert se == pytest.approx(float(d.std() / 9 ** 0.5), rel=1e-6)
+    # the differences are paired: a shift of every sequence alike is known exactly
+    assert change_se({"per_sequence": PerSequence((before * 63 + 6.3).tolist(), n)},
+                     {"per_sequence": PerSequence((before * 63).tolist(), n)}) == \
+        pytest.approx(0.0, abs=1e-6)  # fp32 sums: against se ~0.03 above
+    one = {"per_sequence": PerSequence([1.0], [63])}
+    assert change_se(one, one) is None and change_se({}, one) is None
+
+
+def _rows(pairs, se):
+    return [{"allocation": "full", "predicted_delta_loss": 0.0, "delta_loss": 0.0}] + [
+        {"allocation": "uniform", "predicted_delta_loss": p, "delta_loss": m,
+         "delta_loss_se": se} for p, m in pairs]
+
+
+def test_agreement_orders_the_resolved_settings_and_grades_each_figure():
+    # three settings within their error, in the reverse order; four resolved, in order
+    noisy = [(0.001, 0.003), (0.002, 0.002), (0.003, 0.001)]
+    clear = [(0.05, 0.1), (0.1, 0.2), (0.2, 0.4), (0.3, 0.9)]
+    a = agreement(_rows(noisy + clear, 0.01))
+    assert a["resolved"] == 4 and a["spearman_resolved"] == pytest.approx(1.0)
+    assert a["strength_resolved"] == "strong" and a["spearman"] < 1.0
+    assert "over the 4 whose measured change exceeds 2 standard errors, +1.00 (strong)" \
+        in a["text"]
+    few = agreement(_rows(noisy + clear[:2], 0.01))  # under MIN_RESOLVED: not given
+    assert few["spearman_resolved"] is None and "only 2 settings changed" in few["text"]
+    assert strength(0.9) == "strong" and strength(-0.6) == "moderate"
+    assert strength(0.49) == "weak" and strength(None) is None
 
 
 # ---------------------------------------------------------------- windows
@@ -336,8 +374,15 @@ def test_each_row_carries_its_prediction_and_the_document_their_agreement(doc):
     measured = [r for r in doc["rows"] if r["allocation"] != "full"]
     assert all(r["predicted_delta_loss"] is not None and r["predicted_delta_loss"] >= 0
                for r in measured)
+    assert all(r["delta_loss_se"] > 0 for r in measured if r["delta_loss"] != 0)
     a = doc["agreement"]
-    assert a["settings"] == len(measured) and a["spearman"] > 0.5, a
+    # Measured over 40 draws of this fixture (training seeds 0-19, AVX-512 and AVX2
+    # kernels): Spearman over all 17 settings 0.38-1.00 (most settings change the loss by
+    # less than the 6 evaluation sequences resolve), over the resolved ones 0.33-1.00 with
+    # 4-14 resolved; so a positive order is asserted, not a strong one on one draw.
+    assert a["settings"] == len(measured) and a["resolved"] >= 4, a
+    assert a["spearman_resolved"] > 0.2 and a["spearman"] > 0.2, a
+    assert a["strength"] in a["text"]
     assert doc["sensitivity"]["samples"] >= 1 and doc["sensitivity"]["tokens"] == 6 * 63
 
 
