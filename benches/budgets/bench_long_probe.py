@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-import budgets.hf.capture
+import budgets.capture.attention
 import budgets.hf.probe
 import budgets.probe.blocks
 from budgets.hf.probe import probe_hf_model
@@ -49,7 +49,7 @@ LAYOUT = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
 STAGES = {
     "discovery (projections found by a short forward)": [(budgets.hf.probe._Probe,
                                                           "__post_init__")],
-    "attention output P V (the capture)": [(budgets.hf.capture, "attend")],
+    "attention output P V (the capture)": [(budgets.capture.attention, "attend")],
     "mixing: exact spectra of P": [(budgets.hf.probe, "mixing_figures")],
     "mixing: normalizer and norm pass": [(AttentionOperator, "_normalize")],
     "mixing: products A^T A X": [(AttentionOperator, "gram"),

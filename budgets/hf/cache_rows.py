@@ -19,8 +19,8 @@ import dataclasses
 import torch
 
 from ..budget import RankBudget
+from ..capture.attention import AttentionCall
 from ..probe.blocks import matrix_figures
-from .capture import AttentionCall
 
 
 def as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):

@@ -44,6 +44,8 @@ import torch
 from torch import nn
 
 from ..budget import attention_budget
+from ..capture.attention import AttentionCall
+from ..capture.out_proj import projection_weight
 from ..probe.blocks import (
     MATFREE_FROM,
     ProbeProgress,
@@ -64,7 +66,7 @@ from ..rank.metrics import check_eps
 from ..report.document import build_report
 from ..report.kinds import kind_summary
 from .cache_rows import as_cached, cache_rows, latent_budget
-from .capture import AttentionCall, capture, projection_weight
+from .capture import capture
 from .eager import probe_eager
 from .projections import DISCOVERY_TOKENS, LayerMap, discover
 from .scans import ScanCall, capture_scans, factored_mixing, ssd_budget, ssd_kind, ssd_mixing

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .capture import AttentionCall, capture, out_projections, projection_weight
+from ..capture.attention import AttentionCall
+from ..capture.out_proj import out_projections, projection_weight
+from .capture import capture
 
 # tokens of the discovery pass: enough columns to tell projections apart, cheap on any model
 DISCOVERY_TOKENS = 32

@@ -20,9 +20,9 @@ import torch
 from budgets.hf.capture import capture
 from budgets.hf.probe import build_hf_report
 from budgets.hf.scans import capture_scans, rebuild
+from tests.hf_tiny import TINY, VOCAB, tiny_model
 from train.hf.model_dir import import_transformers, quiet
 from train.hf.probe import probe_hf, zoo_blocks
-from tests.hf_tiny import TINY, VOCAB, tiny_model
 
 B, T = 2, 64
 

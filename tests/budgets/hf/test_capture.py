@@ -11,10 +11,9 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
+from budgets.capture.attention import AttentionCall, attend  # noqa: E402
 from budgets.hf.capture import (  # noqa: E402
     TRANSFORMED_ATTENTION,
-    AttentionCall,
-    attend,
     capture,
     transformed,
     transformers_attention,
@@ -127,7 +126,8 @@ def test_attention_in_blocks_of_rows_equals_one_block(monkeypatch):
                          sinks=torch.randn(4, generator=g, dtype=torch.float64))
     whole = attend(call, keep_probs=True)
     P = call.probs
-    monkeypatch.setattr("budgets.hf.capture.CHUNK_ELEMENTS", 2 * 4 * 16 * 3)  # 3 rows a block
+    # 3 rows a block
+    monkeypatch.setattr("budgets.capture.attention.CHUNK_ELEMENTS", 2 * 4 * 16 * 3)
     torch.testing.assert_close(attend(call, keep_probs=True), whole)
     torch.testing.assert_close(call.probs, P)
     # an independent fp64 reference: logits, soft-cap, the band mask, the sink column

@@ -11,9 +11,9 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="--hf needs transformers (pip install 'rankzoo[hf]')")
 
+from tests.hf_tiny import tiny_model  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.hf import bos_of, probe_batch  # noqa: E402
-from tests.hf_tiny import tiny_model  # noqa: E402
 
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "rank", "budget", "zoo", "heads")
 BOS = 1

@@ -13,9 +13,9 @@ transformers = pytest.importorskip(
     "transformers", reason="--hf needs transformers (pip install 'rankzoo[hf]')")
 gguf = pytest.importorskip("gguf", reason="GGUF input needs gguf (pip install 'rankzoo[hf]')")
 
+from tests.hf_tiny import tiny_model  # noqa: E402
 from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
-from tests.hf_tiny import tiny_model  # noqa: E402
 
 T, P = 32, 2
 

@@ -15,10 +15,10 @@ transformers = pytest.importorskip(
 
 import budgets  # noqa: E402
 from budgets.hf.probe import build_hf_report, probe_hf_model  # noqa: E402
+from tests.hf_tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
 from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
-from tests.hf_tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
 
 T, P = 32, 2
 

@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("transformers",
                     reason="rankzoo report --hf needs transformers (pip install 'rankzoo[hf]')")
 
+from tests.hf_tiny import tiny_model  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.mirror.emit import (  # noqa: E402
     MirrorSizes,
@@ -26,7 +27,6 @@ from train.commands.mirror.emit import (  # noqa: E402
 from train.commands.mirror.pattern import decoder_kinds, ranges, unit_length  # noqa: E402
 from train.config.load import load_experiment  # noqa: E402
 from train.hf import probe_hf  # noqa: E402
-from tests.hf_tiny import tiny_model  # noqa: E402
 
 T, P = 32, 1  # probe length and size: 32 tokens of text
 SIZES = MirrorSizes(d_model=64, n_heads=4, seq_len=T)

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgets.cache import Keys
-from budgets.hf.capture import projection_weight
+from budgets.capture.out_proj import projection_weight
 
 from ...render.compress import setting_name
 from .calibrate import Calibration, cut

@@ -19,14 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgets.cache import Keys
-from budgets.hf.capture import (
-    AttentionCall,
-    capture,
-    probabilities,
-    projection_weight,
-    row_blocks,
-    transformed,
-)
+from budgets.capture.attention import AttentionCall, probabilities, row_blocks
+from budgets.capture.out_proj import projection_weight
+from budgets.hf.capture import capture, transformed
 from budgets.hf.geometry import Geometry
 from budgets.hf.projections import Rows, discover
 

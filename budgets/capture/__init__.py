@@ -1,0 +1,15 @@
+"""The capture of token-mixer calls, transformers-free: what a probe reads from any model.
+
+    attention.py   AttentionCall (one attention call: queries, keys, values, mask, scaling,
+                   window, soft-cap, sinks) and the P V engine that answers it (attend,
+                   probabilities, row_blocks), a block of query rows at a time
+    rope.py        keys and queries before RoPE, from the modeling module's rotary function
+    out_proj.py    W_O: the linear whose input is the attention output (projection_weight)
+    running.py     the stack of running modules: which module made a function call
+    mixer.py       Mixer, the protocol every call type implements (kind, exact mixing,
+                   matrix-free operator, caps, release)
+
+*Sources* feed calls to a probe: transformers' attention interface (budgets/hf/capture.py)
+and the Mamba scans of modeling modules (budgets/hf/scans.py). Nothing in this package
+imports transformers or train (tests/test_layering.py).
+"""
