@@ -35,6 +35,7 @@ import torch
 import budgets.capture.attention
 import budgets.hf.probe
 import budgets.probe.blocks
+import budgets.probe.calls
 from budgets.hf.probe import probe_hf_model
 from budgets.rank.krylov import Lanczos
 from budgets.rank.matfree import AttentionOperator
@@ -47,17 +48,16 @@ LAYOUT = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
 
 # stage -> the functions whose own time (callees' stages taken out) it counts
 STAGES = {
-    "discovery (projections found by a short forward)": [(budgets.hf.probe._Probe,
-                                                          "__post_init__")],
+    "discovery (projections found by a short forward)": [(budgets.hf.probe, "_call_probe")],
     "attention output P V (the capture)": [(budgets.capture.attention, "attend")],
-    "mixing: exact spectra of P": [(budgets.hf.probe, "mixing_figures")],
+    "mixing: exact spectra of P": [(budgets.probe.calls, "mixing_figures")],
     "mixing: normalizer and norm pass": [(AttentionOperator, "_normalize")],
     "mixing: products A^T A X": [(AttentionOperator, "gram"),
                                  (AttentionOperator, "block_grams")],
     "mixing: Krylov basis and Ritz pairs": [(Lanczos, "absorb")],
     "mixing: head statistics": [(budgets.probe.blocks, "head_stats_operator")],
-    "mixing: bounds and set-up": [(budgets.hf.probe, "mixing_figures_matfree")],
-    "other spectra (streams, K/V, weights)": [(budgets.hf.probe._Probe, "record")],
+    "mixing: bounds and set-up": [(budgets.probe.calls, "mixing_figures_matfree")],
+    "other spectra (streams, K/V, weights)": [(budgets.probe.calls.CallProbe, "record")],
     "final hidden state and loss": [(budgets.hf.probe, "final_hidden_metrics"),
                                     (budgets.hf.probe, "_next_token_loss")],
 }

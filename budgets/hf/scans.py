@@ -66,6 +66,24 @@ class ScanCall:
     def groups(self) -> int:
         return self.B.shape[2]  # Ng: heads sharing one B, C read Hs / Ng each
 
+    # ---- the Mixer protocol (budgets/capture/mixer.py)
+    kind_name = "scan"
+
+    def kind(self, moe: bool) -> dict:
+        return ssd_kind(self, moe)
+
+    def exact(self) -> torch.Tensor:
+        return ssd_mixing(self)  # [B, Hs, T, T] fp64
+
+    def operator(self) -> FactoredMixing:
+        return factored_mixing(self)
+
+    def caps(self, seq_len: int, d_model: int, params: int, block: str) -> RankBudget:
+        return ssd_budget(self, seq_len, d_model, params, block)
+
+    def release(self) -> None:
+        """Kept whole: rebuild() and the tests read a scan's tensors after the forward."""
+
 
 def step_sizes(call: ScanCall) -> torch.Tensor:
     """dt as the scan uses it, [B, T, Hs]: bias, softplus, clamp."""

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from budgets import attention_budget
+from budgets.capture.attention import AttentionCall
 from budgets.hf.geometry import Geometry
-from budgets.hf.probe import declared_caps
-from budgets.hf.projections import LayerMap
 
 
 def _config(**extra):
@@ -29,14 +28,18 @@ def test_geometry_reads_the_standard_names_and_defaults():
     assert (mha.n_kv_heads, mha.head_dim) == (4, 16)
 
 
-def _layer(H=4, G=2, K=8) -> LayerMap:
-    """An attention layer as the probe finds it: H query heads, G KV heads of width K."""
-    return LayerMap(torch.nn.Identity(), "layer 0", (H, G, K, K), rope=True)
+def declared_caps(H: int, G: int, K: int, T: int, d_model: int, window: int | None,
+                  params: int, block: str):
+    """The caps the probe declares for an attention call of H query heads over G KV heads
+    of width K (budgets/capture/attention.py AttentionCall.caps)."""
+    call = AttentionCall(torch.nn.Identity(), torch.zeros(1, H, T, K), torch.zeros(1, G, T, K),
+                         torch.zeros(1, G, T, K), K ** -0.5, window=window)
+    return call.caps(T, d_model, params, block)
 
 
 @pytest.mark.parametrize("window", [None, 8, 64])
 def test_declared_caps_are_the_shared_attention_formula(window):
-    got = declared_caps(_layer(), 32, d_model=32, window=window, params=1000, block="mistral")
+    got = declared_caps(4, 2, 8, 32, d_model=32, window=window, params=1000, block="mistral")
     assert got == attention_budget("mistral", 32, n_heads=4, n_kv_heads=2, head_dim=8,
                                    d_model=32, window=window, params=1000)
 
@@ -45,7 +48,7 @@ def test_a_window_averages_the_keys_seen_over_the_sequence():
     T, W, H, G, K, D = 32, 8, 4, 2, 8, 32
     keys_seen = W * (W + 1) // 2 + (T - W) * W  # t + 1 keys up to W, then W
     want = 2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * keys_seen // T
-    budget = declared_caps(_layer(H, G, K), T, d_model=D, window=W, params=0, block="mistral")
+    budget = declared_caps(H, G, K, T, d_model=D, window=W, params=0, block="mistral")
     assert budget.flops_per_token == want
     assert (budget.mixing, budget.inference, budget.cache_elements) == (W - 1, W, 2 * W * G * K)
 

@@ -15,6 +15,7 @@ transformers = pytest.importorskip(
 
 import budgets.hf.capture  # noqa: E402
 import budgets.hf.probe  # noqa: E402
+import budgets.probe.calls  # noqa: E402
 import budgets.rank.matfree  # noqa: E402
 from budgets.hf.capture import CAPTURE_ATTENTION  # noqa: E402
 from budgets.hf.probe import ProbeProgress, probe_hf_model  # noqa: E402
@@ -86,13 +87,13 @@ def test_no_t_by_t_tensor_in_matfree_mode(monkeypatch, llama):
                 shapes.append(tuple(out.shape))
             return out
 
-    measure = budgets.hf.probe.mixing_figures_matfree
+    measure = budgets.probe.calls.mixing_figures_matfree
 
     def spied(*args, **kwargs):
         with Spy():
             return measure(*args, **kwargs)
 
-    monkeypatch.setattr(budgets.hf.probe, "mixing_figures_matfree", spied)
+    monkeypatch.setattr(budgets.probe.calls, "mixing_figures_matfree", spied)
     calls, weights = [], []
     hooks = [llama.register_forward_pre_hook(lambda m, a, kw: calls.append(kw),
                                              with_kwargs=True)]
@@ -130,8 +131,8 @@ def test_attention_implementation_restored_when_the_probe_fails(llama):
 def test_only_the_layers_asked_for_are_measured(monkeypatch, llama, matfree_from):
     measured = []
     for name in ("mixing_figures", "mixing_figures_matfree"):
-        original = getattr(budgets.hf.probe, name)
-        monkeypatch.setattr(budgets.hf.probe, name, lambda *a, f=original, **kw: (
+        original = getattr(budgets.probe.calls, name)
+        monkeypatch.setattr(budgets.probe.calls, name, lambda *a, f=original, **kw: (
             measured.append(1), f(*a, **kw))[1])
     steps = []
     probe, _ = probe_hf_model(llama, _ids(), matfree_from=matfree_from, layers=[1],
