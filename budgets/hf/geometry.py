@@ -3,7 +3,7 @@
 Geometry reads the attention shape from a config (checked before a model loads). Each
 layer's caps, window and projections are found on the loaded model, as its forward shows
 them (budgets/capture/attention.py AttentionCall.caps, budgets/hf/capture.py,
-budgets/hf/projections.py),
+budgets/capture/projections.py),
 not read here.
 
 Nothing here imports transformers: a config is read by duck typing.

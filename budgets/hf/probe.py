@@ -24,7 +24,7 @@ they are on.
 What is Hugging Face's own lives here: loading aside, the model's two sources (its
 attention interface, budgets/hf/capture.py, and its Mamba scans, budgets/hf/scans.py),
 its forward, its output embeddings, the entry builders per call kind (an attention
-layer's projections from budgets/hf/projections.py, found by watching a short forward
+layer's projections from budgets/capture/projections.py, found by watching a short forward
 rather than from a table per model type; its cache rows) and the eager fallback for
 models outside the interface. The measuring itself is budgets/probe/calls.py's
 probe_calls, which knows no model library. Inside the interface the function the model
@@ -47,6 +47,7 @@ from torch import nn
 
 from ..capture.attention import AttentionCall
 from ..capture.out_proj import projection_weight
+from ..capture.projections import DISCOVERY_TOKENS, LayerMap, discover
 from ..probe.blocks import (
     MATFREE_FROM,
     ProbeProgress,
@@ -54,6 +55,7 @@ from ..probe.blocks import (
     matrix_figures,
     summarize_spectrum,
 )
+from ..probe.cache_rows import as_cached, cache_rows, latent_budget
 from ..probe.calls import CallProbe, check_layers, probe_calls
 from ..probe.streams import MASSIVE_RATIO, kv_head_figures
 from ..rank.adapters import lowrank_singular_values
@@ -61,10 +63,8 @@ from ..rank.matfree import K_MAX
 from ..rank.metrics import check_eps
 from ..report.document import build_report
 from ..report.kinds import kind_summary
-from .cache_rows import as_cached, cache_rows, latent_budget
 from .capture import capture
 from .eager import probe_eager
-from .projections import DISCOVERY_TOKENS, LayerMap, discover
 from .scans import ScanCall, capture_scans
 from .unmeasured import unmeasured_mixers, unmeasured_text
 
@@ -121,12 +121,19 @@ class SSMMap:
     name: str
 
 
+def hf_layer_maps(model: nn.Module, ids: torch.Tensor) -> list[LayerMap]:
+    """Per attention call of `model` on ids [B, T], in order, its layer's projections,
+    watched through transformers' attention interface on the first DISCOVERY_TOKENS."""
+    return discover(model, lambda: model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False),
+                    capture)
+
+
 def _mixers(model: nn.Module, ids: torch.Tensor) -> list[LayerMap | SSMMap]:
-    """The attention layers (budgets/hf/projections.py) and SSD mixers of `model`, one per
+    """The attention layers (budgets/capture/projections.py) and SSD mixers of `model`, one per
     call, in the order the forward calls them: a block shared by several layers (zamba's
     one attention block) is a mixer at each layer that calls it."""
     attention: dict[nn.Module, list[LayerMap]] = {}
-    for m in discover(model, ids):  # one LayerMap per call, in call order
+    for m in hf_layer_maps(model, ids):  # one LayerMap per call, in call order
         attention.setdefault(m.module, []).append(m)
     names = {m: n for n, m in model.named_modules()}
     called: list = []

@@ -151,7 +151,7 @@ class CallProbe:
 def layer_streams(p: CallProbe):
     """Collect, by layer index for the wanted layers, {"residual": the decoder layer's
     input [B, T, D] (the residual stream; probes.residual_owner), "latent": the latent an
-    MLA layer caches, its expanding linear's input (budgets/hf/cache_rows.py)}."""
+    MLA layer caches, its expanding linear's input (budgets/probe/cache_rows.py)}."""
     # a shared block's module path names only its first layer: its later calls get no
     # residual stream rather than that layer's
     owners = {i: residual_owner(p.model, p.maps[i].name) for i in p.wanted

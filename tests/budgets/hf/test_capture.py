@@ -1,7 +1,8 @@
-"""The capture of any transformers causal LM (budgets/hf/capture.py, budgets/hf/projections.py):
-on tiny random models of many types (tests/hf_tiny.py, built offline), the captured P
-and the model's logits equal eager attention's, the projections found reproduce the
-captured keys, queries and values, and the probe runs on both paths."""
+"""The capture of any transformers causal LM (budgets/hf/capture.py,
+budgets/capture/projections.py): on tiny random models of many types (tests/hf_tiny.py,
+built offline), the captured P and the model's logits equal eager attention's, the
+projections found reproduce the captured keys, queries and values, and the probe runs on
+both paths."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from budgets.hf.capture import (  # noqa: E402
     transformed,
     transformers_attention,
 )
-from budgets.hf.probe import probe_hf_model  # noqa: E402
-from budgets.hf.projections import discover  # noqa: E402
+from budgets.hf.probe import hf_layer_maps, probe_hf_model  # noqa: E402
 from tests.hf_tiny import ATTENTION_TYPES, VOCAB, tiny_model  # noqa: E402
 
 B, T = 2, 24
@@ -75,7 +75,7 @@ def test_transformed_keys_and_values_reach_the_models_own_attention(model_type):
 @torch.no_grad()
 def test_the_projections_found_give_the_captured_heads(model):
     ids = _ids()
-    layers = discover(model, ids)
+    layers = hf_layer_maps(model, ids)
     calls: list[AttentionCall] = []
     inputs = {}
     hooks = [layer.module.register_forward_pre_hook(

@@ -1,6 +1,6 @@
 """Hugging Face causal LMs' KV caches: their keys and values, and how compress projects them.
 
-    target = HFTarget(model, keys="auto")      # layers found by budgets/hf/projections.py
+    target = HFTarget(model, keys="auto")      # layers found by budgets/capture/projections.py
     with target.projected(P): target.evaluate(ids)
 
 Keys before RoPE are projected through the rows of W_K that give them (W_K -> P W_K per KV
@@ -21,9 +21,10 @@ from torch import nn
 from budgets.cache import Keys
 from budgets.capture.attention import AttentionCall, probabilities, row_blocks
 from budgets.capture.out_proj import projection_weight
+from budgets.capture.projections import Rows
 from budgets.hf.capture import capture, transformed
 from budgets.hf.geometry import Geometry
-from budgets.hf.projections import Rows, discover
+from budgets.hf.probe import hf_layer_maps
 
 from .agreement import PerSequence
 from .lowrank import Slot, project_heads, project_rows
@@ -52,7 +53,7 @@ class HFTarget:
         self.model = model.eval()
         self.g = Geometry.from_config(model.config)
         with torch.no_grad():
-            self.layers = discover(model, _discovery_ids(model))
+            self.layers = hf_layer_maps(model, _discovery_ids(model))
         self.rope = any(layer.rope for layer in self.layers)
         self.keys = resolve_keys(keys, self.rope, f"the {self.g.model_type} model")
         self._check()

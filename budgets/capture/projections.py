@@ -1,7 +1,11 @@
-"""Where a Hugging Face model keeps each attention layer's projections, found by watching
-one short forward pass (budgets/hf/capture.py) rather than by a table per model type.
+"""Where a model keeps each attention layer's projections, found by watching one short
+forward pass through a capture source rather than by a table per model type.
 
-    layers = discover(model, ids)        # per attention layer: its module, W_Q/W_K/W_V rows, W_O
+    layers = discover(model, run, source)   # per attention call: its module, W_Q/W_K/W_V rows, W_O
+
+`run()` is the short forward (a Hugging Face model's first DISCOVERY_TOKENS tokens); the
+source is transformers' attention interface (budgets/hf/capture.py) or any other that
+yields its calls by module (budgets/capture/sdpa.py).
 
 A layer's keys before RoPE (or as cached, without RoPE) [B, G, T, K] are the output of a
 linear applied to the layer's input, or of a per-head norm (k_norm) applied to one: the
@@ -20,9 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..capture.attention import AttentionCall
-from ..capture.out_proj import out_projections, projection_weight
-from .capture import capture
+from .attention import AttentionCall
+from .out_proj import out_projections, projection_weight
 
 # tokens of the discovery pass: enough columns to tell projections apart, cheap on any model
 DISCOVERY_TOKENS = 32
@@ -168,19 +171,20 @@ def _inputs(modules: list[nn.Module], seen: dict):
             h.remove()
 
 
-def attention_modules(model: nn.Module, ids: torch.Tensor) -> list[AttentionCall]:
-    """Each attention call of model(ids), in call order (the layers' order)."""
-    calls: list[AttentionCall] = []
-    with torch.no_grad(), capture(model, calls.append):
-        model(input_ids=ids, use_cache=False)
-    return calls
+def _calls_by_module(calls) -> dict:
+    """A source's yielded record as a live {module: its latest call} (transformers'
+    capture yields that dict itself; the SDPA capture holds it as `by_module`)."""
+    return calls if isinstance(calls, dict) else calls.by_module
 
 
-def discover(model: nn.Module, ids: torch.Tensor) -> list[LayerMap]:
-    """Per attention layer of `model`, in order, its projections, from a forward pass over
-    the first DISCOVERY_TOKENS tokens of ids [B, T]."""
-    ids = ids[:, :DISCOVERY_TOKENS]
-    modules = [c.module for c in attention_modules(model, ids)]
+def discover(model: nn.Module, run, source) -> list[LayerMap]:
+    """Per attention call of `run()` (in call order), its layer's projections, from two
+    passes of that short forward under `source(model, on_call)`: one finds the attention
+    modules, the next watches their leaves and inputs."""
+    first: list[AttentionCall] = []
+    with torch.no_grad(), source(model, first.append):
+        run()
+    modules = list(dict.fromkeys(c.module for c in first))
     names = {m: n for n, m in model.named_modules()}
     leaves = {m: {} for m in modules}
     inputs: dict[nn.Module, torch.Tensor] = {}
@@ -190,7 +194,7 @@ def discover(model: nn.Module, ids: torch.Tensor) -> list[LayerMap]:
             stack.enter_context(_leaf_io(m, leaves[m]))
         stack.enter_context(_inputs(modules, inputs))
         stack.enter_context(torch.no_grad())
-        found = stack.enter_context(capture(model, calls.append))
+        found = _calls_by_module(stack.enter_context(source(model, calls.append)))
         stack.enter_context(out_projections(found, modules))
-        model(input_ids=ids, use_cache=False)
+        run()
     return [_layer_map(c, names[c.module], inputs[c.module], leaves[c.module]) for c in calls]

@@ -1,4 +1,4 @@
-"""What each attention layer of a Hugging Face model caches, measured as its inference rows.
+"""What each captured attention layer caches, measured as its inference rows.
 
     rows, caps = cache_rows(call, latent, eps)     # {"inference.k": ..., ...}, cap overrides
 
@@ -8,7 +8,7 @@ layer (deepseek_v3) caches something else: the latent c [B, T, R] (kv_a_proj's o
 after kv_a_layernorm, the input of the linear expanding it into per-head keys and values)
 and the shared rotary key k_r [B, T, dr]. Its rows are then inference.latent and
 inference.rope_key, capped by min(T, R + dr) as zoo's mla block declares (zoo/mla.py).
-The expanding linear is found by budgets/hf/projections.py; the probe catches its input
+The expanding linear is found by budgets/capture/projections.py; the probe catches its input
 (budgets/probe/inputs.py) during its forward pass.
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from ..budget import RankBudget
 from ..capture.attention import AttentionCall
-from ..probe.blocks import matrix_figures
+from .blocks import matrix_figures
 
 
 def as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
