@@ -45,20 +45,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..capture.attention import AttentionCall
-from ..capture.out_proj import projection_weight
 from ..capture.projections import DISCOVERY_TOKENS, LayerMap, discover
 from ..probe.blocks import (
     MATFREE_FROM,
     ProbeProgress,
     final_hidden_metrics,
-    matrix_figures,
-    summarize_spectrum,
 )
-from ..probe.cache_rows import as_cached, cache_rows, latent_budget
 from ..probe.calls import CallProbe, check_layers, probe_calls
-from ..probe.streams import MASSIVE_RATIO, kv_head_figures
-from ..rank.adapters import lowrank_singular_values
+from ..probe.entries import attention_entry
+from ..probe.streams import MASSIVE_RATIO
 from ..rank.matfree import K_MAX
 from ..rank.metrics import check_eps
 from ..report.document import build_report
@@ -69,26 +64,6 @@ from .scans import ScanCall, capture_scans
 from .unmeasured import unmeasured_mixers, unmeasured_text
 
 ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
-
-
-def weight_quantities(layer: LayerMap, eps: float) -> dict:
-    """qk, value and out of one layer, each where its projections were found."""
-    H, G, K, _ = layer.shape
-    out = {}
-    if layer.q is not None and layer.k is not None:
-        wq = layer.q.weight().float()  # [H*K, D]
-        D = wq.shape[-1]
-        wq = wq.view(H, K, D)
-        # query head h reads KV head h // (H / G), as HF's repeat_kv arranges them
-        wk = layer.k.weight().float().view(G, K, D).repeat_interleave(H // G, dim=0)
-        # W_Q^h W_K^h^T is D x D of rank <= K: its singular values are those of a K x K core
-        s = lowrank_singular_values(wq.transpose(1, 2), wk)  # [H, K]
-        out["qk"] = summarize_spectrum(s, (D, D), eps)
-    if layer.v is not None:
-        out["value"] = matrix_figures(layer.v.weight().float().T, eps)  # [D, G*V]
-    if layer.out is not None:
-        out["out"] = matrix_figures(projection_weight(layer.out).detach().float(), eps)  # [D, H*V]
-    return out
 
 
 class NoMixers(ValueError):
@@ -161,39 +136,8 @@ def _ssm_entry(p: CallProbe, i: int, layer: SSMMap, mixing: dict, x: torch.Tenso
     }
 
 
-def _layer_entry(p: CallProbe, i: int, layer: LayerMap, mixing: dict, x: torch.Tensor,
-                 call: AttentionCall, streams: dict, extras: dict, moe: bool) -> dict:
-    """An attention layer's entry: its keys and values per KV head as cached, its
-    projections' and cache's rows (the latent's, for an MLA layer), its caps."""
-    k, v = as_cached(call.key, call.value, call.window)
-    heads = {"k": k, "v": v}
-    if call.key_pre is not None:  # the tokens the cache keeps (a window's last W - 1)
-        heads["k_pre_rope"] = call.key_pre[..., call.key_pre.shape[-2] - k.shape[-2]:, :]
-    extras["kv_heads"] = kv_head_figures(heads, p.eps)
-    extras["kind"] = call.kind(moe)
-    latent = streams["latent"].pop(i, None)  # the latent an MLA layer caches, else None
-    measured = dict(mixing)  # mixing, mixing_centered, past_future, hidden_centered
-    measured.update(weight_quantities(layer, p.eps))
-    measured.update(cache_rows(call, latent, p.eps))  # inference.k/v, or the latent's rows
-    params = sum(q.numel() for q in layer.module.parameters())
-    budget = call.caps(x.shape[1], x.shape[-1], params, p.block)
-    missing = layer.missing()
-    if missing:
-        extras["not_measured"] = [f"{', '.join(missing)}: no linear of the layer's input "
-                                  f"gives them (their rows are not measured)"]
-    return {
-        "layer": i, "name": layer.name, "block": p.block,
-        "budget": (latent_budget(budget, latent, call) if latent is not None
-                   else budget).to_dict(),
-        "quantities": {q: m for q, (m, _) in measured.items()},
-        **extras,  # past_future_lengths, heads, residual, kv_heads, kind
-        # matrix-free quantities have no spectrum (an empty one): nothing to keep or plot
-        "spectra": {q: s for q, (_, s) in measured.items() if s.numel()},
-    }
-
-
 # per call kind (Mixer.kind_name): the entry of a layer making such calls
-BUILDERS = {"attention": _layer_entry, "scan": _ssm_entry}
+BUILDERS = {"attention": attention_entry, "scan": _ssm_entry}
 
 
 def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
