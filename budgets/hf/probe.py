@@ -56,14 +56,11 @@ from ..probe.entries import attention_entry
 from ..probe.streams import MASSIVE_RATIO
 from ..rank.matfree import K_MAX
 from ..rank.metrics import check_eps
-from ..report.document import build_report
-from ..report.kinds import kind_summary
+from ..report.captured import captured_report
 from .capture import capture
 from .eager import probe_eager
 from .scans import ScanCall, capture_scans
 from .unmeasured import unmeasured_mixers, unmeasured_text
-
-ERANK_QUANTITIES = ("mixing", "mixing_centered", "past_future", "hidden_centered")
 
 
 class NoMixers(ValueError):
@@ -207,22 +204,7 @@ def _probe_eager(model, ids: torch.Tensor, eps: float, layers, with_spectra: boo
 
 def build_hf_report(name: str, entry: dict, thresholds=None,
                     zoo_blocks: Mapping[str, str] | None = None) -> dict:
-    """build_report of one HF variant, plus per-head eranks, the probe's source (with
-    the matrix-free settings, when the probe used them) and the per-kind summary, each
-    kind beside the zoo block `zoo_blocks` names for its attention kind."""
-    source, probe = entry["source"], entry["probe"]
-    report = build_report({name: entry}, experiment=f"{name} ({source['model_type']})",
-                          thresholds=thresholds)
-    report["source"] = {**source, **({"matfree": probe["matfree"]} if "matfree" in probe
-                                     else {})}
-    for layer, probed in zip(report["variants"][0]["layers"], probe["layers"], strict=True):
-        # matrix-free SSM layers have no whole-mixing figures: empty lists there
-        eranks = {q: probed["quantities"].get(q, {}).get("erank", []) for q in ERANK_QUANTITIES}
-        layer["erank"] = eranks  # per head (hidden_centered: one value per layer)
-        for key in ("kind", "not_measured"):
-            if key in probed:
-                layer[key] = probed[key]
-    report["kinds"] = kind_summary(report["variants"][0]["layers"], zoo_blocks)
-    if probe.get("unmeasured_mixers"):  # decoder layers mixing by what no capture reads
-        report["unmeasured_mixers"] = probe["unmeasured_mixers"]
-    return report
+    """The report of one HF model's probe entry (budgets/report/kinds.py captured_report),
+    titled by its model type."""
+    return captured_report(name, entry, f"{name} ({entry['source']['model_type']})",
+                           thresholds, zoo_blocks)

@@ -1,6 +1,6 @@
-"""The per-kind summary of a Hugging Face report: layers grouped by what they are (sliding
-window W, global, no RoPE, an SSD state N, experts after them), realized against the caps
-their kind declares.
+"""The per-kind summary of a report of captured calls (budgets/report/captured.py): layers
+grouped by what they are (sliding window W, global, no RoPE, an SSD state N, experts after
+them), realized against the caps their kind declares.
 
     kinds = kind_summary(report_layers, {"global": "softmax", ...})   # build_hf_report's rows
 
@@ -49,3 +49,4 @@ def kind_summary(layers: list[dict], zoo_blocks: Mapping[str, str] | None = None
                     "moe": kind["moe"],
                     "rows": rows})
     return out
+
