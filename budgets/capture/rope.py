@@ -18,7 +18,9 @@ from collections.abc import Callable
 
 import torch
 
-ROTARY_PREFIXES = ("apply_rotary_pos_emb", "apply_rotary_emb", "_apply_rotary_emb")
+# the rotary functions of transformers, torchtitan and Meta's llama (apply_rotary_emb),
+# litgpt (apply_rope)
+ROTARY_PREFIXES = ("apply_rotary_pos_emb", "apply_rotary_emb", "_apply_rotary_emb", "apply_rope")
 
 
 def _slice_at(after: torch.Tensor, rotated: torch.Tensor) -> int | None:
@@ -73,5 +75,8 @@ def _recording(fn: Callable, seen: list) -> Callable:
         out = fn(q, k, *args, **kwargs)
         if isinstance(out, tuple) and len(out) == 2:
             seen.extend([(q.detach(), out[0].detach()), (k.detach(), out[1].detach())])
+        elif isinstance(out, torch.Tensor) and isinstance(q, torch.Tensor) and \
+                out.shape == q.shape:  # one tensor at a time: litgpt's apply_rope(x, cos, sin)
+            seen.append((q.detach(), out.detach()))
         return out
     return rotary
