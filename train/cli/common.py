@@ -128,7 +128,7 @@ def check_plot_dir(out_dir: str) -> None:
 # ---------------------------------------------------------------- library errors as flags
 
 # the library's errors and notes name its parameters (`seq_len=64: ...`); the user typed
-# flags. One map for `report --hf` and `compress`: both name the same parameters alike.
+# flags. One map for `report --hf/--model` and `compress`: they name parameters alike.
 LIBRARY_FLAGS = {
     "model_dir": "--hf", "eval_text": "--eval-text", "text": "--text", "seq_len": "--seq-len",
     "probe_size": "--probe-size", "adapter": "--adapter", "device": "--device",
@@ -137,7 +137,8 @@ LIBRARY_FLAGS = {
     "ratios": "--ratios", "advice_eps": "--advice-eps", "eps": "--eps", "alloc": "--alloc",
     "keys": "--keys", "bases": "--bases", "cache_dtype": "--cache-dtype", "length": "--length",
     "tolerance": "--tolerance", "save": "--save", "heal": "--heal", "heal_at": "--heal-at",
-    "heal_loss": "--heal-loss"}
+    "heal_loss": "--heal-loss", "model": "--model", "checkpoint": "--checkpoint",
+    "tokenizer": "--tokenizer"}
 LIBRARY_PARAM = re.compile(r"\b(" + "|".join(LIBRARY_FLAGS) + r")=")
 
 

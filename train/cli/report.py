@@ -1,5 +1,6 @@
 """`rankzoo report`: declared vs realized ranks of a finished run, or (--hf) of a Hugging
-Face causal LM probed on a text; `print_report` is also how `rankzoo train` ends."""
+Face causal LM, or (--model) of a model of one's own, probed on a text; `print_report` is
+also how `rankzoo train` ends."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from .common import (
     check_plot_dir,
     flag,
     model_width,
-    one_source_error,
     only_with_hf,
     positive_int,
     print_document,
@@ -35,17 +35,26 @@ def add_parser(sub) -> None:
     r.add_argument("run_dir", nargs="?",
                    help="runs/<experiment> (all variants) or one variant directory")
     add_hf_model(r)
-    r.add_argument("--text", metavar="FILE", help="with --hf: the text the probe batch is cut from")
+    r.add_argument("--model", metavar="PKG.MODULE:FACTORY",
+                   help="instead of RUN_DIR: a model of your own, built by calling FACTORY "
+                        "and read through its F.scaled_dot_product_attention calls")
+    r.add_argument("--checkpoint", metavar="FILE",
+                   help="with --model: its state dict (torch.save; nanoGPT's ckpt.pt works)")
+    r.add_argument("--tokenizer", metavar="SPEC",
+                   help="with --model: tokenizer.json, a Hugging Face tokenizer directory or "
+                        "bpe:N (default: the text's bytes modulo the vocabulary)")
+    r.add_argument("--text", metavar="FILE",
+                   help="with --hf or --model: the text the probe batch is cut from")
     r.add_argument("--seq-len", type=positive_int, default=128,
-                   help="with --hf: tokens per probe sequence (128)")
+                   help="with --hf or --model: tokens per probe sequence (128)")
     r.add_argument("--probe-size", type=positive_int, default=4,
-                   help="with --hf: sequences in the probe batch (4)")
+                   help="with --hf or --model: sequences in the probe batch (4)")
     r.add_argument("--adapter", metavar="DIR",
                    help="with --hf: a PEFT LoRA adapter (save_pretrained directory) applied "
                         "to the model; its ranks fill the adapter axis")
     for dest, (metavar, text) in HF_PROBE_OPTIONS.items():
         r.add_argument(flag(dest), dest=dest, metavar=metavar, default=argparse.SUPPRESS,
-                       help=f"with --hf: {text}")
+                       help=f"with --hf or --model: {text}")
     add_format(r, md=True)
     add_details(r)
     add_plot(r, "PNG figures")
@@ -151,19 +160,22 @@ HF_PROBE_PARSERS = {"eps": _eps, "layers": _layer_list, "matfree_from": _matfree
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exactly one source: a run directory, or --hf PATH with --text FILE; the probe
-    options only with --hf, each parsed from its text."""
-    problem = one_source_error("report", args.run_dir, args.hf)
-    if problem is not None:
-        p.error(problem)
-    if args.hf is not None and args.text is None:
-        p.error(f"--hf {args.hf} needs --text FILE (the text the probe batch is cut from)")
-    for dest in ("text", "adapter", *HF_PROBE_OPTIONS):
-        if args.hf is None and getattr(args, dest, None) is not None:
-            p.error(only_with_hf(dest, getattr(args, dest)))
+    """Exactly one source: a run directory, --hf PATH or --model SPEC, the last two with
+    --text FILE; the probe options only with them, each parsed from its text."""
+    check_source(p, args)
+    probed = args.hf if args.hf is not None else args.model
+    for dest in ("text", *HF_PROBE_OPTIONS):
+        if probed is None and getattr(args, dest, None) is not None:
+            p.error(f"{flag(dest)} {getattr(args, dest)} only applies with --hf PATH or "
+                    f"--model SPEC")
+    if args.hf is None and args.adapter is not None:
+        p.error(only_with_hf("adapter", args.adapter))
+    for dest in ("checkpoint", "tokenizer"):
+        if args.model is None and getattr(args, dest) is not None:
+            p.error(f"{flag(dest)} {getattr(args, dest)} only applies with --model SPEC")
     for dest in ("compressed", "check", "emit_check"):
-        if args.hf is not None and getattr(args, dest):
-            p.error(f"{flag(dest)} applies to a run directory, not to --hf")
+        if probed is not None and getattr(args, dest):
+            p.error(f"{flag(dest)} applies to a run directory, not to a probed model")
     check_mirror_args(p, args)
     if args.force and not args.emit_check and not args.emit:
         p.error("--force only applies with --emit-check FILE or --hf PATH --emit FILE")
@@ -176,6 +188,21 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 setattr(args, dest, HF_PROBE_PARSERS.get(dest, str)(text))
             except (ValueError, argparse.ArgumentTypeError) as e:
                 p.error(f"{flag(dest)} {text}: {e}")
+
+
+def check_source(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exactly one of RUN_DIR, --hf PATH and --model SPEC; a probed one with --text."""
+    given = [f"{name} {value!r}" for name, value in (("RUN_DIR", args.run_dir),
+                                                       ("--hf", args.hf), ("--model", args.model))
+             if value is not None]
+    if len(given) != 1:
+        p.error("report needs exactly one of RUN_DIR, --hf PATH or --model SPEC"
+                + (f", got {' and '.join(given)}" if given else ""))
+    probed = args.hf if args.hf is not None else args.model
+    if probed is not None and args.text is None:
+        p.error(f"{given[0]} needs --text FILE (the text the probe batch is cut from)")
+    if args.model is not None and args.plot:
+        p.error(f"--plot {args.plot} applies to a run directory or --hf PATH")
 
 
 def check_mirror_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -198,6 +225,8 @@ def check_mirror_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def cmd_report(args, out: Console) -> int:
     if args.hf is not None:
         return _report_hf(args, out)
+    if args.model is not None:
+        return _report_model(args, out)
     notes: list[str] = []
     report = load_run(args.run_dir, notes=notes)
     notes += _check_advice(args, report)
@@ -301,6 +330,27 @@ def _report_hf(args, out: Console) -> int:
         _emit_mirror(entry, args, sizes)
     if args.plot:
         _plot_hf(name, entry, report, args.plot)
+    print_document(report, args.format, out, hf_tables if args.details else hf_answer,
+                   hf_report_markdown)
+    return 0
+
+
+def _report_model(args, out: Console) -> int:
+    """`report --model`: the report of a model of one's own, as --hf prints one."""
+    from ..own import report_own
+    from ..render import hf_report_markdown
+
+    notes: list[str] = []
+    options = {dest: getattr(args, dest) for dest in HF_PROBE_OPTIONS if hasattr(args, dest)}
+    options.pop("dtype", None)  # the model is probed in the dtype its factory builds
+    try:
+        report = report_own(args.model, args.text, args.checkpoint, args.tokenizer,
+                            seq_len=args.seq_len, probe_size=args.probe_size, notes=notes,
+                            progress=_show_progress, **options)
+    except BAD_INPUT as e:
+        raise as_flags_error(e) from None
+    finally:
+        print_notes(notes)
     print_document(report, args.format, out, hf_tables if args.details else hf_answer,
                    hf_report_markdown)
     return 0
