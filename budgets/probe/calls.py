@@ -185,16 +185,18 @@ def _measuring(p: CallProbe, inputs: dict[int, torch.Tensor], streams: dict, mat
 
 
 def probe_calls(p: CallProbe, run: Callable[[], torch.Tensor], sources: list[Source],
-                head: nn.Module, matfree: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(final hidden states [B, T, D]: the input of `head`; the logits `run` returned),
-    each wanted layer measured inside its call into p.layers. The hidden states each
-    mixer reads (after its layer's pre-norm, as zoo probes it) are held until its call is
-    measured; no per-layer hidden states or cache are kept."""
+                head: nn.Module | None, matfree: bool
+                ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(final hidden states [B, T, D]: the input of `head`, None without one; the logits
+    `run` returned), each wanted layer measured inside its call into p.layers. The hidden
+    states each mixer reads (after its layer's pre-norm, as zoo probes it) are held until
+    its call is measured; no per-layer hidden states or cache are kept."""
     mixers = {i: module for module, indices in p.index.items() for i in indices}
+    heads = {"head": head} if head is not None else {}
     with (module_inputs(mixers) as inputs, layer_streams(p) as streams,
-          module_inputs({"head": head}) as final, contextlib.ExitStack() as stack):
+          module_inputs(heads) as final, contextlib.ExitStack() as stack):
         on_call = _measuring(p, inputs, streams, matfree)
         for source in sources:
             stack.enter_context(source(p.model, on_call))
         logits = run()
-    return final["head"], logits
+    return final.get("head"), logits

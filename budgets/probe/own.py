@@ -108,12 +108,11 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
                              f"can read in its forward, so the probe cannot read it")
         p = CallProbe(model, maps, eps, BUILDERS, block, layers, with_spectra, k_max,
                       progress, massive_ratio)
-        head = output_head(model)
         final, logits = probe_calls(p, lambda: logits_of(forward(model, tokens)), [source],
-                                    head if head is not None else nn.Identity(), matfree)
+                                    output_head(model), matfree)
     probe = {"seq_len": T, "eps": float(eps), "batch_size": int(tokens.shape[0]),
              "layers": [p.layers[i] for i in p.wanted]}
-    if head is not None:
+    if final is not None:  # a model with a `head` or `lm_head`: its final hidden state
         probe["final_hidden"] = final_hidden_metrics(final, eps)
     if matfree:
         probe["matfree"] = {"from": matfree_from, "k_max": k_max}
