@@ -11,8 +11,9 @@ queries [B, H, T, K], keys and values [B, G, Tk, K] (GQA by `enable_gqa`, or H =
 or causal flag and scale are read into an AttentionCall, P computed from them when the
 caller keeps it (budgets/capture/attention.py's engine), and SDPA's own output returned, so
 the model computes exactly what it would. The module of a call is the innermost module
-whose forward is running (budgets/capture/running.py), so a layer gets the model's own
-module name and order. Nothing here imports transformers.
+holding weights whose forward is running (budgets/capture/running.py), so a layer gets
+the model's own module name and order, and its projections are found below it. Nothing
+here imports transformers.
 
 What it cannot read is named in `cap.unread`, never silently dropped: attention dropout
 in training mode (P is random there), a mask SDPA would broadcast in a way the probe does
@@ -121,7 +122,10 @@ class _SdpaMode(TorchFunctionMode):
         return out
 
     def _read(self, got: dict, out: torch.Tensor) -> None:
-        module = self.stack[-1] if self.stack else None
+        # the innermost running module holding weights: a helper that only attends (an
+        # Attend of x-transformers) has its projections in the module that called it
+        module = next((m for m in reversed(self.stack) if next(m.parameters(), None)
+                       is not None), self.stack[-1] if self.stack else None)
         where = type(module).__name__ if module is not None else "outside the model"
         q, k, v = got["query"], got["key"], got["value"]
         why = self._unreadable(got, module)

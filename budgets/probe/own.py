@@ -21,6 +21,7 @@ an object with `.logits`.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 
 import torch
@@ -37,6 +38,9 @@ from .entries import attention_entry
 from .streams import MASSIVE_RATIO
 
 BUILDERS = {"attention": attention_entry}
+# a module named or typed like a token mixer (a block list's item holding one mixes tokens)
+MIXER_WORDS = re.compile(r"attn|attention|mixer|mamba|ssm|conv|rnn|lstm|retention|delta|"
+                         r"recurren|hyena|mamba", re.IGNORECASE)
 
 
 def logits_of(out) -> torch.Tensor:
@@ -65,15 +69,23 @@ def _layer_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
             and len({type(item) for item in m}) == 1]
 
 
+def _mixes(item: nn.Module) -> bool:
+    """Whether a block holds a module named or typed like a token mixer."""
+    return any(MIXER_WORDS.search(f"{name} {type(m).__name__}")
+               for name, m in item.named_modules())
+
+
 def _silent_layers(model: nn.Module, measured: list[str]) -> list[dict]:
-    """Items of the model's block lists holding no module that made a call: named."""
+    """Items of the model's block lists that hold a token mixer (by its name or class)
+    but made no call the capture read: named, never dropped."""
     out = []
     for list_name, items in _layer_lists(model):
         prefix = f"{list_name}." if list_name else ""
         if not any(m.startswith(prefix) for m in measured):
             continue  # a list of something else (experts, heads)
         for i, item in enumerate(items):
-            if not any(m.startswith(f"{prefix}{i}.") or m == f"{prefix}{i}" for m in measured):
+            here = any(m.startswith(f"{prefix}{i}.") or m == f"{prefix}{i}" for m in measured)
+            if not here and _mixes(item):
                 out.append({"model_type": type(model).__name__, "layer": i,
                             "name": f"{prefix}{i}", "class": type(item).__name__})
     return out

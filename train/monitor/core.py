@@ -5,7 +5,7 @@ batch, of any model in any training loop.
     for step in range(1, steps + 1):
         ...                                  # the loop's own step
         monitor.step(model, step)            # measures when due; otherwise returns at once
-    monitor.finish(model, step)              # the last step, with its spectra
+    monitor.finish(model, step)              # the last step, with its spectra (once)
 
 Each measurement appends one line to `<dir>/ranks.jsonl` (the run directory's format, so
 `rankzoo report <dir>` reads it as a run) and logs scalars `rank/L<i>/<quantity>/<metric>`
@@ -145,7 +145,8 @@ class Monitor:
                  forward: Callable[[nn.Module, torch.Tensor], object] | None = None,
                  scalars: Iterable[tuple[str, str]] = DEFAULT_SCALARS,
                  histograms: Iterable[str] | None = DEFAULT_HISTOGRAMS,
-                 tensorboard: bool = False, labels: Iterable[str] = ()):
+                 tensorboard: bool = False, labels: Iterable[str] = (),
+                 max_steps: int | None = None):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r}: must be a positive integer")
         if not isinstance(probe_batch, torch.Tensor) or probe_batch.dim() != 2:
@@ -158,6 +159,7 @@ class Monitor:
         self.forward, self.scalars = forward, tuple(scalars)
         self.histograms = tuple(histograms or ())
         self.labels = list(labels)  # a hybrid's label per layer
+        self.max_steps = max_steps  # its step's measurement keeps the spectra
         self.sinks: list = []
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -178,11 +180,16 @@ class Monitor:
         return step % self.every_n_steps == 0 and step > self.last_step
 
     def step(self, model: nn.Module, step: int, sinks: Iterable = ()) -> dict | None:
-        """Measure at `step` when it is due (every n steps, not yet recorded)."""
-        return self.measure(model, step, sinks=sinks) if self.due(step) else None
+        """Measure at `step` when it is due (every n steps, not yet recorded); at
+        max_steps, with the spectra kept."""
+        if not self.due(step):
+            return None
+        final = self.max_steps is not None and step >= self.max_steps
+        return self.measure(model, step, final=final, sinks=sinks)
 
     def finish(self, model: nn.Module, step: int, sinks: Iterable = ()) -> dict | None:
-        """The last measurement, whatever the step, with its spectra kept in ranks.jsonl
+        """The last measurement, whatever the step (unless `step` was measured already:
+        give max_steps to keep its spectra then), with its spectra kept in ranks.jsonl
         (for the report's plots); then the monitor's own writers are flushed."""
         record = self.measure(model, step, final=True, sinks=sinks)
         for sink in self.sinks:

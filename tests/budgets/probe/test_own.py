@@ -157,6 +157,28 @@ def test_a_forward_without_logits_is_a_clear_error():
         logits_of({"hidden": torch.zeros(1)})
 
 
+def test_x_transformers_model_gives_its_own_attention_maps():
+    """A model from a package, x-transformers' decoder with flash attention (SDPA): the
+    attention sits in a weightless Attend helper, its projections in the module around
+    it; P equals the maps the package itself returns on its non-flash path, in fp64."""
+    x_transformers = pytest.importorskip("x_transformers", reason="pip install x-transformers")
+    torch.manual_seed(0)
+    model = x_transformers.TransformerWrapper(
+        num_tokens=V, max_seq_len=T, attn_layers=x_transformers.Decoder(
+            dim=32, depth=2, heads=4, attn_flash=True)).eval().double()
+    probe, _ = probe_torch_model(model, _tokens())
+    for module in model.modules():
+        if hasattr(module, "flash"):
+            module.flash = False  # the package's own einsum path returns its maps
+    with torch.no_grad():
+        _, maps = model(_tokens(), return_attn=True)
+    assert len(probe["layers"]) == len(maps) == 2 and "unmeasured_mixers" not in probe
+    for layer, P in zip(probe["layers"], maps, strict=True):
+        want = budgets.rank_metrics(P[..., T // 2:, :T // 2])["rank_eps"].mean(0)
+        assert layer["quantities"]["past_future"]["rank_eps"] == pytest.approx(want.tolist())
+        assert {"qk", "value", "out"} <= set(layer["quantities"])
+
+
 transformers = pytest.importorskip("transformers", reason="the HF comparison needs it")
 
 

@@ -52,9 +52,11 @@ def _plain_loop(model, monitor: Monitor, steps: range, sink=None) -> None:
 def test_a_plain_loop_writes_a_run_rankzoo_report_reads(tmp_path, capsys):
     torch.manual_seed(0)
     model, sink = GPT().train(), Sink()
-    monitor = Monitor(_batch(99)[:B], tmp_path / "gpt", every_n_steps=2)
+    monitor = Monitor(_batch(99)[:B], tmp_path / "gpt", every_n_steps=2, max_steps=4)
     _plain_loop(model, monitor, range(1, 6), sink)
     monitor.finish(model, 5)
+    records = [json.loads(line) for line in (tmp_path / "gpt" / "ranks.jsonl").open()]
+    assert ["spectra" in r["layers"][0] for r in records] == [False, True, True]
     assert model.training  # put back as it was
     assert _steps(tmp_path / "gpt" / "ranks.jsonl") == [2, 4, 5]
     assert [s for s, _ in sink.scalars["rank/L1/past_future/rank_eps/mean"]] == [2, 4]

@@ -109,3 +109,14 @@ def test_flags_are_checked_before_anything_loads(capsys, args, message):
     with pytest.raises(SystemExit) as e:
         main(["report", *args])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_example_s_model_is_reported(own, capsys):
+    """examples/nanogpt/model.py, as `rankzoo report --model` reads it (its README line)."""
+    assert main(["report", "--model", "examples.nanogpt.model:small", "--text",
+                 str(own / "text.txt"), "--seq-len", "32", "--probe-size", "2",
+                 "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = [ly["name"] for ly in report["variants"][0]["layers"]]
+    assert names == [f"h.{i}.attn" for i in range(4)]
+    assert "unread_calls" not in report and "unmeasured_mixers" not in report
