@@ -16,7 +16,8 @@ the model's own module name and order, and its projections are found below it. N
 here imports transformers.
 
 What it cannot read is named in `cap.unread`, never silently dropped: attention dropout
-in training mode (P is random there), a mask SDPA would broadcast in a way the probe does
+in training mode (P is random there), FlexAttention calls (their score_mod and block
+mask are not evaluated), a mask SDPA would broadcast in a way the probe does
 not (not [T, Tk] per batch or head), a call from no module of the model. A layer that
 bypasses SDPA (a custom kernel) makes no call: the caller names layers without one.
 """
@@ -37,6 +38,8 @@ from .rope import before_rope, rotary_recorded
 from .running import running
 
 SDPA = F.scaled_dot_product_attention
+# the operator FlexAttention calls: seen by the mode, named as unread
+FLEX = getattr(getattr(torch.ops, "higher_order", None), "flex_attention", None)
 SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
              "enable_gqa")
 # an additive mask entry at or below this hides its key: exp(-1e4) is no weight in any
@@ -113,12 +116,15 @@ class _SdpaMode(TorchFunctionMode):
         self.owned, self.stack, self.on_call = owned, stack, on_call
         self.cap, self.keep_probs, self.matfree = cap, keep_probs, matfree
         self.rotations = rotations  # (input, output) of each RoPE call since the last SDPA
+        self.flex = 0  # FlexAttention calls seen
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func is SDPA:
             self._read(_arguments(args, kwargs), out)
+        elif func is FLEX:
+            self.flex += 1  # named once the forward is over (this code may run traced)
         return out
 
     def _read(self, got: dict, out: torch.Tensor) -> None:
@@ -180,5 +186,8 @@ def capture_sdpa(model: nn.Module, on_call: Callable[[AttentionCall], None],
     modules = [type(m).__module__ for m in model.modules()]
     with (running(model, stack), rotary_recorded(modules, rotations),
           _SdpaMode(set(model.modules()), stack, on_call, cap, keep_probs, matfree,
-                    rotations)):
+                    rotations) as mode):
         yield cap
+    if mode.flex:
+        cap.unread.append(f"{mode.flex} flex_attention call{'s' * (mode.flex > 1)}: "
+                          f"FlexAttention's score_mod and block mask are not read")

@@ -113,11 +113,12 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
         unread.extend(cap.unread)
 
     with torch.no_grad():
-        maps = discover(model, lambda: forward(model, tokens[:, :DISCOVERY_TOKENS]),
-                        lambda m, on_call: capture_sdpa(m, on_call))
+        maps = discover(model, lambda: forward(model, tokens[:, :DISCOVERY_TOKENS]), source)
         if not maps:
+            seen = f" (it saw: {'; '.join(sorted(set(unread)))})" if unread else ""
             raise ValueError(f"{block}: no F.scaled_dot_product_attention call the capture "
-                             f"can read in its forward, so the probe cannot read it")
+                             f"can read in its forward, so the probe cannot read it{seen}")
+        unread.clear()  # the discovery pass's; the measuring pass names them again
         p = CallProbe(model, maps, eps, BUILDERS, block, layers, with_spectra, k_max,
                       progress, massive_ratio)
         final, logits = probe_calls(p, lambda: logits_of(forward(model, tokens)), [source],

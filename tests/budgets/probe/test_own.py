@@ -5,6 +5,8 @@ same figures as the attention-interface capture on tiny Hugging Face models."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,6 +121,32 @@ def test_what_the_capture_cannot_read_is_named(gpt):
     assert probe["unread_calls"] == ["Attention: dropout_p=0.1 (attention dropout: P is random)"]
     assert [(m["layer"], m["class"]) for m in probe["unmeasured_mixers"]] == [
         (1, "Block"), (2, "Block")]
+
+
+def test_flex_attention_calls_are_named_not_misread(gpt):
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+    class Flex(nn.Module):
+        def __init__(self, attention: Attention):
+            super().__init__()
+            self.c_attn, self.c_proj, self.H = attention.c_attn, attention.c_proj, attention.H
+
+        def forward(self, x):
+            B_, T_, D = x.shape
+            q, k, v = (t.view(B_, T_, self.H, -1).transpose(1, 2)
+                       for t in self.c_attn(x).split(D, dim=2))
+            mask = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, T_, T_,
+                                          device="cpu")
+            return self.c_proj(flex.flex_attention(q, k, v, block_mask=mask)
+                               .transpose(1, 2).reshape(B_, T_, D))
+
+    gpt.h[2].attn = Flex(gpt.h[2].attn)
+    with warnings.catch_warnings():  # torch may warn of flex_attention without compile
+        warnings.simplefilter("ignore")
+        probe, _ = probe_torch_model(gpt, _tokens())
+    assert [ly["name"] for ly in probe["layers"]] == ["h.0.attn", "h.1.attn"]
+    assert probe["unread_calls"] == [
+        "1 flex_attention call: FlexAttention's score_mod and block mask are not read"]
 
 
 @pytest.mark.parametrize("mask, window", [
