@@ -246,11 +246,31 @@ def test_weights_shared_by_several_layers_are_measured_at_each_call(saved, text_
     assert "shared_transf.self_attn" in out
 
 
-def test_a_mixer_without_probabilities_is_refused_in_one_line(saved, text_file, capsys):
-    """rwkv's layers return their time-mixing state where attention probabilities go."""
-    code = main(["report", "--hf", str(saved("rwkv")), "--text", str(text_file),
-                 "--seq-len", str(T), "--probe-size", str(P)])
-    assert code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("rankzoo: error: rwkv: no layer attends through ")
-    assert "RwkvSelfAttention" in err[-1] and "Traceback" not in "\n".join(err)
+class TimeMix(nn.Linear):
+    """A token mixer that neither attends nor scans (an RNN's time mixing, say)."""
+
+
+class Recurrent(HandWritten):
+    """Mixes through TimeMix layers, and returns their states where attention
+    probabilities go, as rwkv did: not P, so nothing the probe can read."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        D, L = config.hidden_size, config.num_hidden_layers
+        self.qkv = nn.ModuleList(TimeMix(D, 3 * D, bias=False) for _ in range(L))
+
+    def forward(self, input_ids, output_attentions=False, **kw):
+        out = super().forward(input_ids, output_attentions=output_attentions, **kw)
+        if output_attentions:
+            out["attentions"] = tuple(a[:, 0, 0] for a in out["attentions"])  # [B, T]
+        return out
+
+
+def test_a_mixer_without_probabilities_is_refused_naming_its_class(text_file):
+    config = transformers.PretrainedConfig(model_type="recurrent", hidden_size=64,
+                                           num_attention_heads=4, num_hidden_layers=2,
+                                           vocab_size=128)
+    ids = torch.tensor(list(text_file.read_bytes()[:P * T])).view(P, T) % 128
+    with pytest.raises(ValueError, match="no layer attends through") as e:
+        probe_hf_model(Recurrent(config).eval(), ids)
+    assert "recurrent:" in str(e.value) and "TimeMix" in str(e.value)
