@@ -49,11 +49,38 @@ TINY = {
     "mamba": dict(state_size=16, num_attention_heads=None, num_key_value_heads=None,
                   head_dim=None),
 }
-# hybrids whose other mixers no capture reads (named in the report as not measured):
-# lfm2's short convolutions in layers 0 and 2, attention in layer 1
-OTHER_MIXERS = {
+# hybrids of linear mixers beside attention, each mixer read by its own capture (the delta
+# rule's chunk functions, budgets/hf/delta.py; module forwards, budgets/hf/hooked.py) and
+# measured by its mixing alone: 3 linear layers to 1 of attention, 4 delta-rule heads of
+# K = V = 16 (Gated DeltaNet: 2 query/key heads, each read by 2 value heads)
+DELTA = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+             linear_value_head_dim=16, linear_conv_kernel_dim=4, num_hidden_layers=4,
+             layer_types=["linear_attention"] * 3 + ["full_attention"])
+LINEAR_MIXERS = {
+    "qwen3_next": dict(DELTA, **MOE, decoder_sparse_step=1, mlp_only_layers=[],
+                       shared_expert_intermediate_size=32),
+    "qwen3_5_text": dict(DELTA),
+    "olmo_hybrid": dict(DELTA),  # beta in (0, 2): negative eigenvalues allowed
+    # KDA: one decay per key channel; MLA without RoPE in its attention layer
+    "kimi_linear": dict(DELTA, linear_num_heads=4, linear_head_dim=16, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16, q_lora_rank=None,
+                        num_key_value_heads=H, head_dim=8, mlp_layer_types=["dense"] * 4),
+    # short convolutions (L = 3) in layers 0 and 2, attention in layer 1
     "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                  head_dim=None),
+    # RG-LRU in layers 0 and 1 (64 channels), local attention (W = 16) in layer 2
+    "recurrent_gemma": dict(num_hidden_layers=3, block_types=["recurrent", "recurrent",
+                                                              "attention"],
+                            lru_width=D, attention_window_size=16, num_key_value_heads=1),
+    # lightning attention (decayed linear attention, blocks of 16 tokens), then softmax
+    "minimax": dict(MOE, layer_types=["linear_attention", "full_attention"], block_size=16),
+}
+# models whose mixers no capture reads (named in the report as not measured)
+OTHER_MIXERS = {
+    "xlstm": dict(embedding_dim=D, num_heads=H, num_blocks=2, qk_dim_factor=0.5,
+                  v_dim_factor=1.0, mode="inference", chunkwise_kernel="chunkwise--native_autograd",
+                  sequence_kernel="native_sequence__native", step_kernel="native",
+                  num_attention_heads=None, num_key_value_heads=None, head_dim=None),
 }
 # models whose shape the probe must name rather than measure as usual: zamba's one attention
 # block, tied across its hybrid layers 1 and 3 (each Mamba mixer runs two scans); rwkv,
@@ -70,7 +97,8 @@ ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
 def tiny_config(model_type: str, **extra):
     """The config of a tiny `model_type` with TINY's overrides and `extra`."""
     transformers = import_transformers()
-    sizes = {**COMMON, **{**TINY, **OTHER_MIXERS, **SPECIAL}.get(model_type, {}), **extra}
+    known = {**TINY, **LINEAR_MIXERS, **OTHER_MIXERS, **SPECIAL}
+    sizes = {**COMMON, **known.get(model_type, {}), **extra}
     sizes = {k: v for k, v in sizes.items() if v is not None}
     config = transformers.AutoConfig.for_model(model_type, **sizes)
     if model_type == "gpt_oss":
@@ -79,10 +107,12 @@ def tiny_config(model_type: str, **extra):
     return config
 
 
-def tiny_model(model_type: str, seed: int = 0, **extra) -> nn.Module:
-    """A random tiny causal LM of `model_type` in eval mode on the eager path."""
+def tiny_model(model_type: str, seed: int = 0, fp64: bool = False, **extra) -> nn.Module:
+    """A random tiny causal LM of `model_type` in eval mode on the eager path; `fp64`: in
+    float64, its experts on their eager loop (torch's grouped_mm takes no float64)."""
     transformers = import_transformers()
     torch.manual_seed(seed)
+    eager = {"experts_implementation": "eager"} if fp64 else {}
     model = transformers.AutoModelForCausalLM.from_config(
-        tiny_config(model_type, **extra), attn_implementation="eager")
-    return model.float().eval()
+        tiny_config(model_type, **extra), attn_implementation="eager", **eager)
+    return (model.double() if fp64 else model.float()).eval()

@@ -8,8 +8,15 @@
     running.py     the stack of running modules: which module made a function call
     mixer.py       Mixer, the protocol every call type implements (kind, exact mixing,
                    matrix-free operator, caps, release)
+    channels.py    ConvCall (a gated short convolution) and RecurrenceCall (a diagonal
+                   linear recurrence): mixers whose heads are channels
+    lightning.py   LightningCall: linear attention under a per-head decay
 
-*Sources* feed calls to a probe: transformers' attention interface (budgets/hf/capture.py)
-and the Mamba scans of modeling modules (budgets/hf/scans.py). Nothing in this package
-imports transformers or train (tests/test_layering.py).
+Those linear mixers' math is budgets/mixing/'s; each call also rebuilds what its module
+returned from M (`readout`), so that tests check M against the module itself.
+
+*Sources* feed calls to a probe: transformers' attention interface (budgets/hf/capture.py),
+the Mamba scans of modeling modules (budgets/hf/scans.py) and the mixers read from their
+modules' forwards (budgets/hf/hooked.py). Nothing in this package imports transformers or
+train (tests/test_layering.py).
 """

@@ -21,8 +21,9 @@ verdicts and advice work unchanged. Loading a model and cutting the probe batch 
 text are the caller's business (train/hf/__init__.py); tensors are measured on the device
 they are on.
 
-What is Hugging Face's own lives here: loading aside, the model's two sources (its
-attention interface, budgets/hf/capture.py, and its Mamba scans, budgets/hf/scans.py),
+What is Hugging Face's own lives here: loading aside, the model's sources (its attention
+interface, budgets/hf/capture.py; its Mamba scans, budgets/hf/scans.py; the mixers read
+from their forwards, budgets/hf/hooked.py),
 its forward, its output embeddings, the entry builders per call kind (an attention
 layer's projections from budgets/capture/projections.py, found by watching a short forward
 rather than from a table per model type; its cache rows) and the eager fallback for
@@ -53,12 +54,14 @@ from ..probe.blocks import (
 )
 from ..probe.calls import CallProbe, check_layers, probe_calls
 from ..probe.entries import attention_entry
+from ..probe.mixing_entry import mixing_entry
 from ..probe.streams import MASSIVE_RATIO
 from ..rank.matfree import K_MAX
 from ..rank.metrics import check_eps
 from ..report.captured import captured_report
 from .capture import capture
 from .eager import probe_eager
+from .hooked import capture_hooked
 from .scans import ScanCall, capture_scans
 from .unmeasured import unmeasured_mixers, unmeasured_text
 
@@ -73,7 +76,7 @@ def _call_probe(model, ids: torch.Tensor, eps: float, asked, with_spectra: bool,
     and the decoder layers mixing by anything else; NoMixers when it has neither."""
     model_type = getattr(model.config, "model_type", type(model).__name__)
     maps = _mixers(model, ids)
-    # layers mixing by anything else (short convolutions, Gated DeltaNet, RG-LRU, ...)
+    # layers mixing by anything no source reads (xLSTM's mLSTM, ...)
     unmeasured = unmeasured_mixers(model, [m.name for m in maps])
     if not maps:
         mixers = f" (its mixers: {unmeasured_text(unmeasured)})" if unmeasured else ""
@@ -109,10 +112,13 @@ def _mixers(model: nn.Module, ids: torch.Tensor) -> list[LayerMap | SSMMap]:
         attention.setdefault(m.module, []).append(m)
     names = {m: n for n, m in model.named_modules()}
     called: list = []
-    with (torch.no_grad(), capture(model, called.append), capture_scans(model, called.append)):
+    with (torch.no_grad(), capture(model, called.append), capture_scans(model, called.append),
+          capture_hooked(model, called.append)):
         model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
     found = {"attention": lambda m: attention[m].pop(0) if attention.get(m) else None,
-             "scan": lambda m: SSMMap(m, names[m]) if m in names else None}
+             "scan": lambda m: SSMMap(m, names[m]) if m in names else None,
+             # mixers known by their module alone, as an SSD mixer is
+             **dict.fromkeys(MIXING_ONLY, lambda m: SSMMap(m, names[m]) if m in names else None)}
     maps = (found[call.kind_name](call.module) for call in called)
     return [m for m in maps if m is not None]
 
@@ -133,8 +139,12 @@ def _ssm_entry(p: CallProbe, i: int, layer: SSMMap, mixing: dict, x: torch.Tenso
     }
 
 
+# call kinds whose layers report their mixing alone (budgets/probe/mixing_entry.py): the
+# delta rule, short convolutions, diagonal recurrences, lightning attention
+MIXING_ONLY = ("delta", "conv", "recurrence", "lightning")
 # per call kind (Mixer.kind_name): the entry of a layer making such calls
-BUILDERS = {"attention": attention_entry, "scan": _ssm_entry}
+BUILDERS = {"attention": attention_entry, "scan": _ssm_entry,
+            **dict.fromkeys(MIXING_ONLY, mixing_entry)}
 
 
 def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
@@ -144,10 +154,11 @@ def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
 
 
 def _sources(matfree: bool) -> list:
-    """transformers' attention interface and the Mamba scans, as probe_calls' sources."""
+    """transformers' attention interface, the Mamba scans, the delta rule's chunk functions
+    and the mixers read from their forwards, as probe_calls' sources."""
     return [lambda model, on_call: capture(model, on_call, keep_probs=not matfree,
                                            matfree=matfree),
-            capture_scans]
+            capture_scans, capture_hooked]
 
 
 # ---------------------------------------------------------------- the probe

@@ -14,6 +14,7 @@ transformers = pytest.importorskip(
     "transformers", reason="--hf needs transformers (pip install 'rankzoo[hf]')")
 
 import budgets  # noqa: E402
+from budgets.hf import hooked  # noqa: E402
 from budgets.hf.probe import build_hf_report, probe_hf_model  # noqa: E402
 from tests.hf_tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
 from tests.train.hf.conftest import probe_report  # noqa: E402
@@ -197,21 +198,21 @@ def test_the_json_report_carries_kinds(saved, text_file, capsys):
     assert "Per kind of layer" in out and "| sliding W=8 | 0-4 | sliding_window |" in out
 
 
-def test_what_is_out_of_reach_is_a_clear_error(tmp_path, text_file, capsys):
-    # short convolutions alone: no attention, no scan, no attention probabilities
-    tiny_model("lfm2", layer_types=["conv", "conv"], num_hidden_layers=2).save_pretrained(
-        tmp_path / "convs")
-    code = main(["report", "--hf", str(tmp_path / "convs"), "--text", str(text_file),
+def test_what_is_out_of_reach_is_a_clear_error(saved, text_file, capsys):
+    # xLSTM's mLSTM layers alone: no attention, no mixer a capture reads, no probabilities
+    code = main(["report", "--hf", str(saved("xlstm")), "--text", str(text_file),
                  "--seq-len", str(T), "--probe-size", str(P)])
     out, err = capsys.readouterr()
     assert code == 2 and not out
-    assert err.splitlines()[-1].startswith("rankzoo: error: lfm2: no layer attends through "
+    assert err.splitlines()[-1].startswith("rankzoo: error: xlstm: no layer attends through "
                                            "transformers' attention interface")
-    assert "layers 0, 1 (Lfm2ShortConv)" in err  # its mixers named
+    assert "layers 0, 1 (xLSTMLayer)" in err  # its mixers named
 
 
-def test_other_mixers_are_named_as_not_measured(saved, text_file, capsys):
-    # lfm2: short convolutions in two layers, attention in one (tests/hf_tiny.py)
+def test_other_mixers_are_named_as_not_measured(saved, text_file, capsys, monkeypatch):
+    # lfm2: short convolutions in two layers, attention in one (tests/hf_tiny.py), with the
+    # convolutions' reader taken away: a mixer no capture reads is named, not dropped
+    monkeypatch.delitem(hooked.HOOKED, "ShortConv")
     path = saved("lfm2")
     model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     convs = [i for i, t in enumerate(model.config.layer_types) if t == "conv"]

@@ -157,12 +157,21 @@ def test_a_window_not_below_the_length_is_refused_naming_it(entry):
 
 
 @pytest.mark.parametrize("key, match", [
-    ("lfm2", r"did not measure lfm2's layers 0, 2 \(Lfm2ShortConv\)"),
+    ("lfm2", r"layer 0 \('short conv L=3'\) is of a kind no zoo block mirrors"),
     ("falcon_h1", r"decoder layer 0 mixes by 2 mixers"),  # attention beside its SSM
 ])
 def test_what_a_zoo_layer_cannot_be_is_refused(entry, key, match):
     with pytest.raises(ValueError, match=match):
         mirror_experiment(entry(key), SIZES, key)
+
+
+def test_a_mixer_the_probe_did_not_read_is_refused(entry):
+    unread = {**entry("lfm2")}  # as if no capture had read lfm2's short convolutions
+    unread["probe"] = {**unread["probe"], "unmeasured_mixers": [
+        {"model_type": "lfm2", "layer": i, "name": f"model.layers.{i}.conv",
+         "class": "Lfm2ShortConv"} for i in (0, 2)]}
+    with pytest.raises(ValueError, match=r"did not measure lfm2's layers 0, 2 \(Lfm2ShortConv\)"):
+        mirror_experiment(unread, SIZES, "lfm2")
 
 
 # ---------------------------------------------------------------- the CLI

@@ -1,0 +1,9 @@
+"""Each recurrent operator's math, once, torch only: its exact T x T mixing matrix, its
+past->future factors (budgets/rank/factored.py's FactoredMixing) and its declared caps. The
+zoo's reference kernels, its blocks and the capture of Hugging Face layers import it; none
+re-derives it. One module per operator:
+
+    conv.py        a gated short convolution (lfm2): banded, past->future rank <= L - 1
+    recurrence.py  a diagonal linear recurrence (RG-LRU): past->future rank <= 1 per channel
+    lightning.py   linear attention under a constant per-head decay (MiniMax): rank <= K
+"""
