@@ -56,15 +56,18 @@ TINY = {
 DELTA = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
              linear_value_head_dim=16, linear_conv_kernel_dim=4, num_hidden_layers=4,
              layer_types=["linear_attention"] * 3 + ["full_attention"])
+KDA = dict(DELTA, linear_num_heads=4, linear_head_dim=16, qk_rope_head_dim=8,
+           qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16, q_lora_rank=None,
+           num_key_value_heads=H, head_dim=8, mlp_layer_types=["dense"] * 4)
 LINEAR_MIXERS = {
     "qwen3_next": dict(DELTA, **MOE, decoder_sparse_step=1, mlp_only_layers=[],
                        shared_expert_intermediate_size=32),
     "qwen3_5_text": dict(DELTA),
     "olmo_hybrid": dict(DELTA),  # beta in (0, 2): negative eigenvalues allowed
-    # KDA: one decay per key channel; MLA without RoPE in its attention layer
-    "kimi_linear": dict(DELTA, linear_num_heads=4, linear_head_dim=16, qk_rope_head_dim=8,
-                        qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16, q_lora_rank=None,
-                        num_key_value_heads=H, head_dim=8, mlp_layer_types=["dense"] * 4),
+    # KDA: one decay per key channel, 4 heads of K = V = 16; MLA in the attention layer
+    # (kimi_linear's without RoPE)
+    "kimi_linear": KDA,
+    "bailing_hybrid": KDA,
     # short convolutions (L = 3) in layers 0 and 2, attention in layer 1
     "lfm2": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                  head_dim=None),

@@ -18,6 +18,7 @@ from tests.budgets.hf.mixer_checks import (  # noqa: E402
     check_factors,
     check_probe,
     check_readout,
+    fp64_decays,
     ids,
     relative,
 )
@@ -58,6 +59,21 @@ def test_the_rg_lru_mixing_equals_its_recurrence():
     for call in captured("recurrent_gemma", [capture_hooked]):
         mixed = call.readout(call.exact() @ call.values())
         assert relative(mixed, _diagonal_recurrence(call)) < 1e-12
+
+
+def test_lightning_m_v_is_the_attention_before_its_norm():
+    """The RMS norm after lightning attention would hide a wrong scale of M (and rounds
+    through fp32): M v is checked where the module's norm reads it."""
+    model = tiny_model("minimax", fp64=True)
+    fp64_decays(model)
+    layer = model.model.layers[0].self_attn
+    seen: list = []
+    handle = layer.norm.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    with torch.no_grad(), capture_hooked(model, lambda c: None) as found:
+        model(input_ids=ids(), use_cache=False)
+    handle.remove()
+    mixed = found[0].exact() @ found[0].values()  # [B, H, T, V]
+    assert relative(mixed.transpose(1, 2).flatten(2), seen[0]) < 1e-13
 
 
 def test_the_factors_give_the_past_future_block_within_the_cap(calls):
