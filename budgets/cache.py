@@ -7,7 +7,7 @@
     Keys.PRE_ROPE.field -> "k_pre_rope";  Keys.PRE_ROPE.label -> "keys before RoPE"
 
 The one home of the arithmetic that the report's KV advice (budgets/advice/kv.py) and
-`rankzoo compress` (train/commands/compress/lowrank.py) share, so that the bytes the
+`rankzoo compress` (train/commands/compress/bases/lowrank.py) share, so that the bytes the
 advice states are the bytes compress measures.
 
 A low-rank cache keeps each cached matrix of width w as r codes per token and a w x r

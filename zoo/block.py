@@ -28,9 +28,9 @@ block builds), `apply_linear` (a projection, adapters included), `split_heads` (
 split into heads) and `decode_step_backend` (the backend of a one-token decoding step); the
 torch kernels share `zoo.ops.precision.upcast_16bit`.
 
-What `rankzoo compress` reads of a block's cache (train/commands/compress/zoo_surgery.py),
-by the kind its facts declare (Facts.cache), so that a new block of a known kind needs no
-edit there:
+What `rankzoo compress` reads of a block's cache
+(train/commands/compress/target/zoo_projections.py), by the kind its facts declare
+(Facts.cache), so that a new block of a known kind needs no edit there:
 
   every kind   cache_slots()          the matrices cached per layer, as CacheSlots
                describe_cache()       `4 KV heads x (K 16 + V 16)`: the cache in words
@@ -102,7 +102,7 @@ class CacheSlot:
 
 class CacheReadout(NamedTuple):
     """What reads an attention cache, for bases that weigh its errors as the output sees
-    them (train/commands/compress/readout.py)."""
+    them (train/commands/compress/bases/readout.py)."""
 
     queries: torch.Tensor  # [B, H, T, K] the queries (or the part of them) reading the keys
     probs: torch.Tensor  # [B, H, T, S] the attention

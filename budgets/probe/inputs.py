@@ -5,7 +5,7 @@
     seen["layer0"]                                  # [B, T, D], detached
 
 The one collector the probes (budgets/probe/blocks.py, budgets/hf/probe.py,
-budgets/probe/cache_rows.py) and compress (train/commands/compress/zoo_surgery.py) watch a
+budgets/probe/cache_rows.py) and compress (train/commands/compress/target/zoo_surgery.py) watch a
 model's blocks, layers and heads with. A module's input is the first tensor it is called
 with (first_tensor): the first positional argument, else the keyword `x` (zoo) or
 `hidden_states` (Hugging Face).

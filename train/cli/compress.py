@@ -119,7 +119,7 @@ def cmd_compress(args, out: Console) -> int:
                    lambda d: [compress_table(d), *([heal_table(d)] if healed else [])],
                    lambda d: compress_markdown(d) + ("\n" + heal_markdown(d) if healed else ""))
     if args.record:  # after printing: a refusal now keeps the measurement on stdout
-        from ..commands.compress.record import write_record
+        from ..commands.compress.saved.record import write_record
 
         path = write_record(args.run_dir, doc, args.force)
         print(f"rankzoo: wrote {path}: `rankzoo report` on the run shows it beside the KV "
@@ -145,7 +145,7 @@ def _measure(args) -> dict:
         if args.plot:
             check_plot_dir(args.plot)
         if args.record:  # refused before the minutes of measuring, not after them
-            from ..commands.compress.record import check_record
+            from ..commands.compress.saved.record import check_record
 
             check_record(args.run_dir, args.force)
         if args.hf is not None:

@@ -12,7 +12,7 @@ same model-wide measurement, under "measured": {ratio, delta_loss, verdict, tole
 source}. Nothing is written: the report on disk stays as training left it.
 
 `rankzoo compress RUN_DIR/<variant> --record` keeps its document in the variant's
-directory (train/commands/compress/record.py); `rankzoo report` attaches every such record
+directory (train/commands/compress/saved/record.py); `rankzoo report` attaches every such record
 unless `--compressed FILE` names the same variant (the file wins) or `--check` measures
 anew.
 """
@@ -28,7 +28,7 @@ from ...rundir.layout import VariantFiles
 from ...rundir.read import is_variant_dir
 from ..compress import CompressOptions, compress_run
 from ..compress.options import SCHEMA
-from ..compress.record import RECORD_FILE
+from ..compress.saved.record import RECORD_FILE
 
 KV_KINDS = ("kv_cache", "kv_cache_summary")
 

@@ -10,9 +10,10 @@ training-free tolerance (the verdict's setting is within it, so it has at most t
 tolerance to recover). With --save, the healed setting is the one saved.
 
 What is trained: LoRA adapters (rank LORA_RANK, alpha LORA_ALPHA) on every attention
-projection, W_Q, W_K, W_V and W_O of every layer, each a pair A [r, in], B [out, r] (B
-zero: healing starts at the compressed model) added to the projection's output by a
-forward hook; every weight of the model stays frozen, and stays as it was. The cache's
+projection, W_Q, W_K, W_V and W_O of every layer (the target names them:
+target/protocol.py Target.adapter_sites), each a pair A [r, in], B [out, r] (B zero:
+healing starts at the compressed model) added to the projection's output by a forward
+hook; every weight of the model stays frozen, and stays as it was. The cache's
 projections stay in force while healing: W_K and W_V are the projected P W of the
 setting, and the adapters' rows that give keys and values are projected too (B -> P B
 per KV head, where compress projected the weight; keys after RoPE or through a k_norm
@@ -51,14 +52,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgets.cache import Keys
 from budgets.capture.out_proj import projection_weight
 
 from ...render.compress import setting_name
-from .calibrate import Calibration, cut
-from .hf_surgery import HFTarget
-from .lowrank import projectors
-from .surgery import Surgery
+from .bases.calibrate import Calibration, cut
+from .bases.lowrank import projectors
+from .target.protocol import Target
+from .target.surgery import Surgery
 
 LORA_RANK = 8
 LORA_ALPHA = 16.0
@@ -138,58 +138,9 @@ class Healed:
             adapter.merge(surgery)
 
 
-# ---------------------------------------------------------------- where the adapters go
-
-def _hf_sites(target, P: dict) -> dict[nn.Module, list]:
-    """{linear: rows it must project} over every attention layer's W_Q, W_K, W_V, W_O (a
-    fused projection once, with each of its projected heads' rows)."""
-    weight_keys = not (target.normed_keys or target.rotated)  # compress projects W_K's rows
-    sites: dict[nn.Module, list] = {}
-    for i, layer in enumerate(target.layers):
-        for rows, key in ((layer.q, None), (layer.k, (i, "k") if weight_keys else None),
-                          (layer.v, (i, "v"))):
-            if rows is not None:
-                sites.setdefault(rows.linear, []).extend(
-                    [] if key is None else [(rows.index, P[key])])
-        if layer.out is not None:
-            sites.setdefault(layer.out, [])
-    return sites
-
-
-def _zoo_sites(target, P: dict) -> dict[nn.Module, list]:
-    """{linear: rows} over every block's q_proj, k_proj, v_proj, o_proj (those it has)."""
-    weight_keys = target.keys is Keys.PRE_ROPE or not target.rope
-    sites: dict[nn.Module, list] = {}
-    for i, block in enumerate(target.blocks):
-        for name, key in (("q_proj", None), ("k_proj", (i, "k") if weight_keys else None),
-                          ("v_proj", (i, "v")), ("o_proj", None)):
-            linear = getattr(block, name, None)
-            if isinstance(linear, nn.Linear):
-                index = torch.arange(linear.out_features, device=linear.weight.device)
-                sites[linear] = [] if key is None else [(index, P[key])]
-    return sites
-
-
-def _hf_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=x, use_cache=False).logits  # [B, T, vocab]
-
-
-def _zoo_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(x)  # [B, T, vocab]
-
-
-# target kind -> (its adapters' sites, its logits)
-KINDS = {"hf": (_hf_sites, _hf_logits), "zoo": (_zoo_sites, _zoo_logits)}
-
-
-def kind_of(target) -> str:
-    """KINDS' key of a target: a Hugging Face model's or a zoo DecoderLM's."""
-    return "hf" if isinstance(target, HFTarget) else "zoo"
-
-
-def check_heal(target, options) -> None:
+def check_heal(target: Target, options) -> None:
     """Refuse --heal on a cache it does not adapt (a latent, a state), before any work."""
-    if options.heal is None or target.family == "kv":
+    if options.heal is None or target.caches_kv:
         return
     raise ValueError(f"heal={options.heal}: healing adapts the attention projections of a KV "
                      f"cache (softmax, sliding_window, moe, Hugging Face); this model caches "
@@ -250,7 +201,7 @@ def schedule(steps: int) -> list[int]:
     return sorted(points)
 
 
-def heal(doc: dict, target, cal: Calibration, chosen: dict, options, inputs: ModelData,
+def heal(doc: dict, target: Target, cal: Calibration, chosen: dict, options, inputs: ModelData,
          notes: list[str]) -> Healed:
     """Heal the setting heal_row picks for options.heal tokens; doc["heal"] gets the curve.
     The model is left as it was (every weight unchanged, no hook); the adapters are kept
@@ -265,7 +216,6 @@ def heal(doc: dict, target, cal: Calibration, chosen: dict, options, inputs: Mod
         notes.append(f"heal={options.heal}: the healing text holds {len(x)} sequences of {T} "
                      f"tokens; it is read {steps * batch / len(x):.1f} times")
     P = {key: projectors(cal.bases[key], ranks[key], cal.encoders.get(key)) for key in ranks}
-    sites, logits = KINDS[kind_of(target)]
     teacher = copy.deepcopy(target.model).eval().requires_grad_(False)
     frozen = {p: p.requires_grad for p in target.model.parameters()}
     surgery = Surgery()
@@ -274,10 +224,10 @@ def heal(doc: dict, target, cal: Calibration, chosen: dict, options, inputs: Mod
         target.apply(surgery, P, windows)  # the windowed heads masked, as measured
         with torch.random.fork_rng(devices=[]):  # the same adapters whatever ran before
             torch.manual_seed(HEAL_SEED)
-            adapters = [Adapter(linear, rows) for linear, rows in sites(target, P).items()]
+            adapters = [Adapter(linear, rows) for linear, rows in target.adapter_sites(P).items()]
         for a in adapters:
             surgery.hook(a.linear, a.hook)
-        curve = _train(adapters, logits, target.model, teacher,
+        curve = _train(adapters, target.logits, target.model, teacher,
                        (x, y), steps, batch, HEAL_LOSSES[options.heal_loss], inputs)
     finally:
         surgery.restore()

@@ -4,11 +4,11 @@
     verdict(rows, prediction, tolerance)   # {"verdict": "verified" | "refuted" | None, ...}
     extras(rows, cal)                      # the document's sensitivity, windows, agreement
 
-Settings (train/commands/compress/settings.py): the report's advised ranks, per target
+Settings (allocation/settings.py): the report's advised ranks (prediction.py), per target
 ratio one per allocation (uniform, greedy, greedy-scaled, sensitivity, mixed), and per eps
 the per-layer rank_eps. Before any is evaluated, the sensitivity pass
-(train/commands/compress/sensitivity.py) prices every choice on the calibration tokens, so
-each row carries the loss change predicted for it beside the one measured.
+(allocation/sensitivity.py) prices every choice on the calibration tokens, so each row
+carries the loss change predicted for it beside the one measured.
 
 Cost model: the bases are fitted once on calibration data and shared by every sequence,
 so they are weights: a row's ratio and bytes_per_token count the codes per token alone,
@@ -28,14 +28,21 @@ import time
 from collections.abc import Callable
 
 from ...render.compress import setting_name
-from .agreement import agreement, change_se
-from .calibrate import Calibration
-from .choices import Setting, choices_summary, layer_choices, setting_bytes, window_candidates
-from .lowrank import Slot, cache_bytes, full_ranks, projectors, retained_energy
+from .allocation.agreement import agreement, change_se
+from .allocation.choices import (
+    Setting,
+    choices_summary,
+    layer_choices,
+    setting_bytes,
+    window_candidates,
+)
+from .allocation.sensitivity import sensitivity
+from .allocation.settings import COST_MODEL, SHARED, settings
+from .bases.calibrate import Calibration
+from .bases.lowrank import Slot, cache_bytes, full_ranks, projectors, retained_energy
+from .bases.windows import MIN_KEPT, SINKS, classes, window_grid
 from .options import MIN_COMPRESSION, CompressOptions
-from .sensitivity import sensitivity
-from .settings import COST_MODEL, SHARED, settings
-from .windows import MIN_KEPT, SINKS, classes, window_grid
+from .target.protocol import Target
 
 __all__ = ["COST_MODEL", "bases_used", "extras", "measure", "verdict"]
 
@@ -67,7 +74,7 @@ def bases_used(slots: list[Slot], cal: Calibration) -> dict[str, str]:
     return {kind: used.pop() if len(used) == 1 else "mixed" for kind, used in out.items()}
 
 
-def full_row(target, nbytes: int, T: int, baseline: dict) -> dict:
+def full_row(target: Target, nbytes: int, T: int, baseline: dict) -> dict:
     """The row of the full cache: ratio 1, every width kept, the model's own evaluation."""
     full = cache_bytes(target.slots, full_ranks(target.slots), nbytes, T)
     return {"allocation": "full", "target": None, "ratio": 1.0, "ratio_per_sequence": 1.0,
@@ -82,7 +89,7 @@ def full_row(target, nbytes: int, T: int, baseline: dict) -> dict:
             **({"delta_accuracy": 0.0} if "accuracy" in baseline else {})}
 
 
-def make_row(target, cal: Calibration, alloc: str, goal, setting: Setting, nbytes: int,
+def make_row(target: Target, cal: Calibration, alloc: str, goal, setting: Setting, nbytes: int,
              T: int, metrics: dict, baseline: dict, predicted: float | None = None,
              check: dict | None = None) -> dict:
     ranks = setting.ranks
@@ -113,16 +120,16 @@ def make_row(target, cal: Calibration, alloc: str, goal, setting: Setting, nbyte
     return row
 
 
-def _grid(target, cal: Calibration, options: CompressOptions, T: int) -> tuple[int, ...]:
-    """The windows tried (windows.py window_grid), where mixed is asked and the target
+def _grid(target: Target, cal: Calibration, options: CompressOptions, T: int) -> tuple[int, ...]:
+    """The windows tried (bases/windows.py window_grid), where mixed is asked and the target
     has layers that take one."""
-    if "mixed" not in options.allocations or not getattr(target, "window_layers", None):
+    if "mixed" not in options.allocations or not target.window_layers:
         return ()
     return window_grid(int(cal.data.shape[1]), T)
 
 
-def measure(target, cal: Calibration, evaluate: Callable[[], dict], options: CompressOptions,
-            T: int, prediction: dict | None, notes: list[str],
+def measure(target: Target, cal: Calibration, evaluate: Callable[[], dict],
+            options: CompressOptions, T: int, prediction: dict | None, notes: list[str],
             progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict, dict]:
     """(rows: the full cache first, then each setting; the ranks of each row by index;
     the full model's evaluation). The sensitivity pass's result is kept in
@@ -157,7 +164,7 @@ def measure(target, cal: Calibration, evaluate: Callable[[], dict], options: Com
 
 def extras(rows: list[dict], cal: Calibration) -> dict:
     """The document's "sensitivity" (what was predicted, how), "windows" (the candidates
-    per KV head, from the head statistics) and "agreement" (agreement.py)."""
+    per KV head, from the head statistics) and "agreement" (allocation/agreement.py)."""
     sens = getattr(cal, "sensitivity", None)
     return {"sensitivity": None if sens is None else sens.summary(),
             "windows": None if sens is None else _windows_tried(sens, cal),

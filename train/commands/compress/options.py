@@ -20,7 +20,7 @@ from ...sizing.units import DTYPE_LONG, dtype_name
 SCHEMA = "rankzoo.compress"
 SCHEMA_VERSION = 1
 KEYS = ("auto", *(keys.value for keys in Keys))  # --keys: auto, pre-rope, post-rope
-# train/commands/compress/settings.py ALLOCATE; sensitivity is the default allocation
+# allocation/settings.py ALLOCATE; sensitivity is the default allocation
 ALLOCATIONS = ("uniform", "greedy", "greedy-scaled", "sensitivity", "mixed")
 DEFAULT_ALLOCATIONS = ("uniform", "sensitivity", "mixed")
 BASES = ("output", "energy")  # output-aware (weighted by the reader) or by energy alone
@@ -28,7 +28,7 @@ DEFAULT_RATIOS = (1.5, 2.0, 4.0, 8.0)
 DEFAULT_TOLERANCE = 0.02  # nats per token: exp(0.02) = 2% perplexity
 MIN_COMPRESSION = VerdictThresholds().min_compression  # the report's per-layer advice floor
 ZOO_CALIBRATION = 64  # sequences of the training split
-HEAL_OBJECTIVES = ("distill", "lm")  # --heal-loss: train/commands/compress/heal.py HEAL_LOSSES
+HEAL_OBJECTIVES = ("distill", "lm")  # --heal-loss: heal.py HEAL_LOSSES
 
 
 def cache_dtype(text: str) -> str:
@@ -55,7 +55,7 @@ class CompressOptions:
     overlap: bool = False  # let calibration and evaluation share data
     batch_size: int | None = None  # sequences per forward pass (zoo: the run's; HF: 1)
     save: str | None = None  # write the compressed model here (a new or empty directory)
-    heal: int | None = None  # tokens to heal a setting for (train/commands/compress/heal.py)
+    heal: int | None = None  # tokens to heal a setting for (heal.py)
     heal_at: float | None = None  # the target ratio healed; None: the largest of ratios
     heal_loss: str = "distill"  # distill (against the full model's logits) or lm
 

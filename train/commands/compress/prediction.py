@@ -19,9 +19,9 @@ import zoo
 from budgets.advice.kv import kv_option
 from budgets.cache import CostModel
 
-from .calibrate import Calibration
-from .hf_surgery import HFTarget
-from .zoo_surgery import ZooTarget
+from .bases.calibrate import Calibration
+from .target.hf_surgery import HFTarget
+from .target.zoo_surgery import ZooTarget
 
 
 def _ceil(x: float) -> int:
@@ -46,7 +46,7 @@ def zoo_prediction(vdir: Path, target: ZooTarget, nbytes: int, notes: list[str])
                      if a["kind"] == "no_advice" and a.get("variant") == variant["variant"]),
                     None)
     found = (_kv_ranks(report, variant, T, target, nbytes, notes)
-             if target.cache_kind == "kv" else _state_ranks(variant, T, target, notes))
+             if target.caches_kv else _state_ranks(variant, T, target, notes))
     if found is None:
         return None
     ranks, advised, source, model = found

@@ -3,9 +3,10 @@
     doc = compress_run("runs/quick/mha", CompressOptions(ratios=(1.5, 2, 4)))
     doc = compress_hf("models/tiny", "calib.txt", "eval.txt", CompressOptions(), seq_len=128)
 
-Each loads the model and its data, fits the bases (calibrate.py), reads the advice to check
-(advice.py), measures every setting (measure.py) and returns the compress document;
-nothing is written except --save DIR (save.py).
+Each loads the model and its data as its target (target/), fits the bases
+(bases/calibrate.py), reads the advice to check (prediction.py), measures every setting
+(measure.py) and returns the compress document; nothing is written except --save DIR
+(saved/save.py).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from torch import nn
 from budgets.cache import CostModel
 
 from ...rundir.lock import in_progress_note
-from .calibrate import Calibration, calibrate, hf_data, zoo_data
+from .bases.calibrate import Calibration, calibrate, hf_data, zoo_data
+from .bases.lowrank import cache_bytes
 from .heal import HEAL_BATCH, ModelData, check_heal, heal, hf_heal_data, zoo_heal_data
-from .hf_surgery import HFTarget
-from .lowrank import cache_bytes
 from .measure import COST_MODEL, bases_used, extras, measure, verdict
 from .options import SCHEMA, SCHEMA_VERSION, CompressOptions, cache_dtype
 from .prediction import hf_prediction, zoo_prediction
-from .save import check_save_dir, save_compressed, save_hf, save_zoo
-from .zoo_surgery import ZooTarget
+from .saved.save import check_save_dir, save_compressed, save_hf, save_zoo
+from .target.hf_surgery import HFTarget
+from .target.protocol import Target
+from .target.zoo_surgery import ZooTarget
 
 COST_TEXT = ("one basis per slot and head, fitted on the calibration data and shared by "
              "every sequence: a weight, its bytes (basis_bytes) paid once per model; "
@@ -76,7 +78,7 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     return model.eval(), config, checkpoint.step
 
 
-def document(source: dict, target, cal: Calibration, options: CompressOptions, T: int,
+def document(source: dict, target: Target, cal: Calibration, options: CompressOptions, T: int,
              prediction: dict | None, rows: list[dict], evaluation: dict,
              notes: list[str], seconds: float) -> dict:
     """The compress document (schema rankzoo.compress) of one measured model."""
@@ -95,8 +97,8 @@ def document(source: dict, target, cal: Calibration, options: CompressOptions, T
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "source": source,
         "model": target.describe(), "family": target.family,
-        "keys": target.keys if target.family == "kv" else None,
-        "rope": bool(getattr(target, "rope", False)),
+        "keys": target.keys if target.caches_kv else None,
+        "rope": bool(target.rope),
         "cache_dtype": cache_dtype(options.cache_dtype), "bytes_per_element": nbytes,
         "bases": {"asked": options.bases, "used": bases_used(target.slots, cal)},
         "cost_model": {"name": COST_MODEL, "text": COST_TEXT},
@@ -201,10 +203,10 @@ def compress_hf(model_dir, text, eval_text, options: CompressOptions | None = No
                             options.batch_size or HEAL_BATCH, progress))
 
 
-def finish(doc: dict, target, cal: Calibration, chosen: dict, options: CompressOptions,
+def finish(doc: dict, target: Target, cal: Calibration, chosen: dict, options: CompressOptions,
            notes: list[str], save: Callable[[Path], None], data: ModelData) -> dict:
     """The document with --heal and --save done (`save` writes the model into a
-    directory; heal.py and save.py say what `data` serves) and the notes after them."""
+    directory; heal.py and saved/save.py say what `data` serves) and the notes after them."""
     healed = heal(doc, target, cal, chosen, options, data, notes) if options.heal else None
     if options.save:
         save_compressed(doc, target, cal, chosen, options, notes, save, healed, data)

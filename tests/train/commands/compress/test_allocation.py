@@ -13,19 +13,20 @@ import pytest
 import torch
 
 from tests.train.commands.compress.test_compress import tiny, tokens
-from train.commands.compress.agreement import PerSequence, agreement, change_se, strength
-from train.commands.compress.allocate import Option, allocate
-from train.commands.compress.calibrate import calibrate
-from train.commands.compress.choices import (
+from train.commands.compress.allocation.agreement import agreement, change_se, strength
+from train.commands.compress.allocation.allocate import Option, allocate
+from train.commands.compress.allocation.choices import (
     layer_choices,
     mixed_setting,
     sensitivity_setting,
     setting_bytes,
 )
-from train.commands.compress.lowrank import Slot, cache_bytes, full_ranks, projectors
-from train.commands.compress.sensitivity import Sensitivity, lowrank_changes, sensitivity
-from train.commands.compress.windows import SINKS, head_mask, window_effects, window_grid
-from train.commands.compress.zoo_surgery import ZooTarget
+from train.commands.compress.allocation.sensitivity import Sensitivity, lowrank_changes, sensitivity
+from train.commands.compress.bases.calibrate import calibrate
+from train.commands.compress.bases.lowrank import Slot, cache_bytes, full_ranks, projectors
+from train.commands.compress.bases.windows import SINKS, head_mask, window_effects, window_grid
+from train.commands.compress.target.protocol import PerSequence
+from train.commands.compress.target.zoo_surgery import ZooTarget
 from train.render.recall import ranks_of, spearman
 
 # ---------------------------------------------------------------- the allocator
@@ -292,8 +293,8 @@ def test_mixed_takes_a_window_where_it_costs_nothing_and_bytes_are_counted_at_th
 
 
 def test_a_state_is_ranked_by_sensitivity_and_mixed_is_left_out_with_a_note():
+    from train.commands.compress.allocation.settings import settings
     from train.commands.compress.options import CompressOptions as Options
-    from train.commands.compress.settings import settings
 
     target = ZooTarget(tiny("linear", n_heads=2, feature_map="taylor", feature_dim=2))
     x = tokens(n=4, T=12, seed=8)
@@ -403,7 +404,7 @@ def test_mixed_rows_say_per_layer_and_per_head_what_each_kv_head_took(doc):
 
 
 def test_hf_windows_agree_between_sdpa_and_eager_and_are_undone(trained):
-    from train.commands.compress.hf_surgery import HFTarget
+    from train.commands.compress.target.hf_surgery import HFTarget
     from train.hf import load_model
 
     ids = torch.tensor(list((trained / "eval.txt").read_bytes()[:128])).view(2, 64) % 64

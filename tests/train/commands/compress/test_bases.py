@@ -8,9 +8,9 @@ import torch
 
 from tests.train.commands.compress.test_compress import FAMILIES, tiny, tokens
 from train.commands.compress import CompressOptions
-from train.commands.compress.calibrate import calibrate
-from train.commands.compress.lowrank import full_ranks, projectors
-from train.commands.compress.zoo_surgery import ZooTarget
+from train.commands.compress.bases.calibrate import calibrate
+from train.commands.compress.bases.lowrank import full_ranks, projectors
+from train.commands.compress.target.zoo_surgery import ZooTarget
 from train.lm.decoder import DecoderLM
 
 
@@ -67,8 +67,8 @@ def block_outputs(model: DecoderLM, x: torch.Tensor) -> dict[int, torch.Tensor]:
 @pytest.mark.parametrize("family", ["mha", "gqa-norope", "window", "mla"])
 def test_output_gains_predict_the_blocks_output_error_on_one_scale(family):
     # the gains a slot drops at rank r, times its layer's residual energy, are the squared
-    # error the block's output takes per token (train/commands/compress/readout.py, to first order):
-    # keys, values and latents on one scale, which the greedy allocation compares
+    # error the block's output takes per token (train/commands/compress/bases/readout.py, to
+    # first order): keys, values and latents on one scale, which the greedy allocation compares
     block, kwargs = FAMILIES[family]
     model = sharp(0, block, kwargs)
     target = ZooTarget(model)
@@ -91,7 +91,7 @@ def test_output_gains_predict_the_blocks_output_error_on_one_scale(family):
     ("mha", "output", True), ("mla", "output", True), ("mha", "energy", False),
     ("linear", "output", False), ("moe", "output", False)])
 def test_greedy_scaled_is_measured_only_where_the_gains_share_one_scale(family, bases, scaled):
-    from train.commands.compress.settings import settings
+    from train.commands.compress.allocation.settings import settings
 
     block, kwargs = FAMILIES[family]
     target = ZooTarget(tiny(block, **kwargs))

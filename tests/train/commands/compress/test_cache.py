@@ -14,8 +14,8 @@ import torch
 
 from train.cli import main
 from train.commands.compress import CompressOptions, compress_run, load_compressed
-from train.commands.compress.cache import SlotCodes, held_bytes, unrotate_half
-from train.commands.compress.load import measure_saved
+from train.commands.compress.saved.load import measure_saved
+from train.commands.compress.target.cache import SlotCodes, held_bytes, unrotate_half
 from zoo.rope import apply_rope
 
 transformers = pytest.importorskip(
@@ -51,7 +51,7 @@ def test_codes_rebuild_the_projection_and_rope_is_undone_exactly():
     y = x * cos + torch.cat((-x2, x1), -1) * sin
     assert torch.allclose(unrotate_half(y, cos, sin), x, atol=1e-12)
     # the zoo's own rotation at an offset, undone
-    from train.commands.compress.cache import zoo_unrotate
+    from train.commands.compress.target.cache import zoo_unrotate
 
     assert torch.allclose(zoo_unrotate(apply_rope(x, 7, 100.0), 7, 100.0), x, atol=1e-12)
 
@@ -169,7 +169,7 @@ def test_a_directory_that_is_no_saved_model_is_one_line(tmp_path, trained_llama)
 def test_a_setting_read_through_windows_is_not_saved(tmp_path):
     """The verdict's setting reads a KV head through a window (a mask, not weights): the
     largest low-rank setting within the tolerance is saved instead, or nothing, said."""
-    from train.commands.compress.save import save_compressed
+    from train.commands.compress.saved.save import save_compressed
 
     window = [{"layer": 0, "kv_head": 1, "window": 16, "sinks": 4}]
     doc = {"verdict": {"largest_ratio_within": 3.0, "largest_within": "mixed for 3x"},

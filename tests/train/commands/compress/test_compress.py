@@ -18,11 +18,12 @@ import zoo
 from tests.train.conftest import tiny_experiment
 from train.cli import main
 from train.commands.compress import CompressOptions, compress_run
-from train.commands.compress.calibrate import calibrate, disjoint_rows, zoo_data
-from train.commands.compress.lowrank import full_ranks, projectors
+from train.commands.compress.bases.calibrate import calibrate, disjoint_rows, zoo_data
+from train.commands.compress.bases.lowrank import full_ranks, projectors
 from train.commands.compress.run import load_variant
-from train.commands.compress.save import save_compressed
-from train.commands.compress.zoo_surgery import PROJECTIONS, ZooTarget
+from train.commands.compress.saved.save import save_compressed
+from train.commands.compress.target.zoo_projections import PROJECTIONS
+from train.commands.compress.target.zoo_surgery import ZooTarget
 from train.config import parse_experiment
 from train.data import make_splits
 from train.lm.decoder import DecoderLM, build_model

@@ -13,7 +13,8 @@ import torch
 
 from train.cli import main
 from train.commands.compress import CompressOptions, load_compressed
-from train.commands.compress.calibrate import calibrate, hf_data
+from train.commands.compress.bases.calibrate import calibrate, hf_data
+from train.commands.compress.bases.lowrank import projectors
 from train.commands.compress.heal import (
     HEAL_LOSSES,
     Adapter,
@@ -22,11 +23,10 @@ from train.commands.compress.heal import (
     heal_row,
     schedule,
 )
-from train.commands.compress.hf_surgery import HFTarget
-from train.commands.compress.lowrank import projectors
 from train.commands.compress.measure import measure
 from train.commands.compress.options import HEAL_OBJECTIVES
-from train.commands.compress.surgery import Surgery
+from train.commands.compress.target.hf_surgery import HFTarget
+from train.commands.compress.target.surgery import Surgery
 from train.hf import load_model
 
 pytest.importorskip("transformers", reason="compress --hf needs transformers")
@@ -185,6 +185,7 @@ def test_a_state_cache_is_refused_before_any_work(tmp_path):
 
     class Linear:
         family = "linear"
+        caches_kv = False
 
     with pytest.raises(ValueError, match="heal=10: healing adapts the attention projections"):
         check_heal(Linear(), CompressOptions(heal=10))
@@ -194,9 +195,9 @@ def test_a_zoo_variant_heals_and_saves_the_healed_weights(zoo_run, tmp_path):
     """A run heals on its training split: the saved checkpoint's validation loss is the
     healed one, its cache holds the row's bytes, and the run's own weights are untouched."""
     from train.commands.compress import compress_run
-    from train.commands.compress.calibrate import zoo_data
+    from train.commands.compress.bases.calibrate import zoo_data
     from train.commands.compress.run import load_variant
-    from train.commands.compress.zoo_surgery import ZooTarget
+    from train.commands.compress.target.zoo_surgery import ZooTarget
 
     out = tmp_path / "s"
     doc = compress_run(zoo_run / "mha", CompressOptions(ratios=(4,), heal=512, tolerance=10,

@@ -15,9 +15,9 @@ transformers = pytest.importorskip(
 
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
-from train.commands.compress.calibrate import calibrate, disjoint_rows, hf_data  # noqa: E402
-from train.commands.compress.hf_surgery import HFTarget  # noqa: E402
-from train.commands.compress.lowrank import projectors  # noqa: E402
+from train.commands.compress.bases.calibrate import calibrate, disjoint_rows, hf_data  # noqa: E402
+from train.commands.compress.bases.lowrank import projectors  # noqa: E402
+from train.commands.compress.target.hf_surgery import HFTarget  # noqa: E402
 from train.hf import load_model  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""train/commands/compress/lowrank.py: bases from activations, projections, bytes, rank
+"""train/commands/compress/bases/lowrank.py: bases from activations, projections, bytes, rank
 allocation."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from budgets.advice.kv import kv_option
 from budgets.probe.streams import kv_head_figures
-from train.commands.compress.lowrank import (
+from train.commands.compress.bases.lowrank import (
     Slot,
     SlotStats,
     cache_bytes,

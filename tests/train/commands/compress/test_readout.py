@@ -1,10 +1,11 @@
-"""train/commands/compress/readout.py: the weights of output-aware bases and the basis they give."""
+"""train/commands/compress/bases/readout.py: the weights of output-aware bases and the basis
+they give."""
 
 import pytest
 import torch
 
-from train.commands.compress.lowrank import projectors
-from train.commands.compress.readout import (
+from train.commands.compress.bases.lowrank import projectors
+from train.commands.compress.bases.readout import (
     head_gram,
     pair_weight,
     query_weight,

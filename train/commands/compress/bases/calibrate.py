@@ -13,8 +13,8 @@ Evaluation sequences equal to a calibration sequence are left out unless overlap
 Bases: "energy" keeps each slot's top directions by energy; "output" (the default) weighs
 each slot's error as its reader sees it where the target supplies a weight (keys: the
 queries and the attention, values: W_O and the attention, a state's rows: what reads
-them; train/commands/compress/readout.py), and keeps energy bases for the slots it supplies none for
-(cal.used says which). Output-aware gains are squared output errors per token, divided by
+them; readout.py), and keeps energy bases for the slots it supplies none for (cal.used
+says which). Output-aware gains are squared output errors per token, divided by
 the mean squared norm of the residual stream entering the layer (what the next norm
 divides by): one scale over slots and layers (cal.one_scale), which the greedy-scaled
 allocation compares as they are; the greedy allocation compares each gain as a share of
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..options import ZOO_CALIBRATION, CompressOptions
 from .lowrank import SlotStats
-from .options import ZOO_CALIBRATION, CompressOptions
 
 
 def disjoint_rows(calib: torch.Tensor, evals: torch.Tensor) -> torch.Tensor:
@@ -44,8 +44,8 @@ def zoo_data(config: dict, options: CompressOptions, notes: list[str], labels: b
     first calib_size sequences of its training split and its validation split, rebuilt
     from config.yaml's data section and seed as training built them; `labels`: the
     calibration's labels too, second: (calib, calib labels, eval, eval labels)."""
-    from ...config.sections import DataConfig, parse_section
-    from ...data import make_splits
+    from ....config.sections import DataConfig, parse_section
+    from ....data import make_splits
 
     data = parse_section(config["data"], DataConfig, "data")
     (train_x, train_y), (val_x, val_y) = make_splits(data.spec(), data.train_size,
@@ -85,7 +85,7 @@ def cut(ids: torch.Tensor, seq_len: int, size: int, flag: str, where: str,
         start: int = 0, bos: int | None = None) -> torch.Tensor:
     """size sequences of seq_len tokens from ids[start:], [size, seq_len]; each a BOS
     and seq_len - 1 tokens when `bos` is an id."""
-    from ...hf import with_bos
+    from ....hf import with_bos
 
     body = seq_len - (bos is not None)
     need = size * body
@@ -103,7 +103,7 @@ def hf_data(calib_data: bytes, eval_data: bytes, tokenizer, vocab: int, seq_len:
     text; the start of the evaluation text, or, when it is the same text, what follows the
     calibration tokens (overlap: its start). Evaluation sequences equal to a calibration
     sequence are left out unless overlap. Each sequence starts with `bos` when it is an id."""
-    from ...hf import token_ids
+    from ....hf import token_ids
 
     calib_ids = token_ids(calib_data, tokenizer, vocab, f"text={text}", notes)
     calib = cut(calib_ids, seq_len, calib_size, "calib_size", f"text={text}", bos=bos)
@@ -140,10 +140,10 @@ class Calibration:
     used: dict = field(default_factory=dict)  # slot key -> "output" | "energy"
     residual: dict = field(default_factory=dict)  # layer -> mean ||h||^2 entering it
     one_scale: bool = False  # every gain in squared output error per token (greedy-scaled)
-    data: torch.Tensor | None = None  # the calibration tokens [N, T] (sensitivity.py)
+    data: torch.Tensor | None = None  # the calibration tokens [N, T] (allocation/sensitivity.py)
     labels: torch.Tensor | None = None  # their labels (zoo), None: every next token (HF)
     batch_size: int = 1
-    sensitivity: object = None  # sensitivity.py's Sensitivity, once measure() ran it
+    sensitivity: object = None  # allocation/sensitivity.py's, once measure() ran
     grid: tuple = ()  # the windows it priced (windows.py window_grid)
     sequences: int = 0
     tokens: int = 0
@@ -167,7 +167,7 @@ def calibrate(target, tokens: torch.Tensor, batch_size: int, bases: str = "energ
         energies: dict[int, float] = {}
         for key, a in target.activations(batch.to(where), weights, energies).items():
             stats[key].add(a)
-        for key, w in (weights or {}).items():  # train/commands/compress/readout.py Weight
+        for key, w in (weights or {}).items():  # readout.py Weight
             stats[key].add_weight(w.matrix, batch.numel(), w.spread)
         for layer, e in energies.items():
             acc = residual.setdefault(layer, [0.0, 0])
@@ -177,7 +177,7 @@ def calibrate(target, tokens: torch.Tensor, batch_size: int, bases: str = "energ
                       residual={layer: total / n for layer, (total, n) in residual.items()})
     for key, st in stats.items():
         fit_basis(cal, key, st)
-    cal.one_scale = getattr(target, "one_scale", False) and all(
+    cal.one_scale = target.one_scale and all(
         used == "output" for used in cal.used.values())
     cal.seconds = time.perf_counter() - start
     return cal

@@ -4,7 +4,7 @@
     picks = allocate(units, budget, start)                # an option index per unit
 
 Each unit (a KV head, or one slot's head) offers options, each with its bytes per token and
-the loss change it is predicted to cost (train/commands/compress/sensitivity.py); the
+the loss change it is predicted to cost (sensitivity.py); the
 predicted loss of a whole setting is taken as the sum of its units' (cross terms between
 heads are left to the measurement). allocate minimizes that sum within `budget`:
 

@@ -21,7 +21,7 @@ its position's angles (RoPE is a rotation per pair of channels: undone exactly, 
 rounding), keeps its codes, and rotates the rebuilt keys for positions 0..T-1 on read. A
 layer's first CHECKED_TOKENS keys and values are checked to lie in the span of its bases,
 so a model whose RoPE is not rotate-half over the whole head is refused in one line rather
-than decoded wrong (train/commands/compress/hf_cache.py holds the Hugging Face side).
+than decoded wrong (hf_cache.py holds the Hugging Face side).
 
 The bases are weights (the cost model of compress: `basis_bytes`, once per model): they
 live in the SlotCodes, not in the cache, and held_bytes does not count them.
@@ -106,7 +106,7 @@ SPAN_HINT = ("the weights are not the ones saved with these bases, or the model'
 
 
 def layer_codes(bases: dict) -> list[tuple[SlotCodes, SlotCodes]]:
-    """Per layer, (keys' codec, values' codec) from bases.pt's document (save.py)."""
+    """Per layer, (keys' codec, values' codec) from bases.pt's document (saved/save.py)."""
     layers = sorted({int(key.split(".")[0]) for key in bases["bases"]})
     missing = [f"{i}.{kind}" for i in layers for kind in ("k", "v")
                if f"{i}.{kind}" not in bases["bases"]]
@@ -198,6 +198,15 @@ def zoo_caches(model, layers: list[tuple[SlotCodes, SlotCodes]], batch: int, max
             torch.zeros(batch, max_len, values.codes, dtype=dtype, device=where),
             keys.to(where), values.to(where), rope))
     return out
+
+
+def kv_only(info: dict) -> str | None:
+    """Why the low-rank cache does not serve the saved model compress.json's `info`
+    describes: it holds keys and values, not a latent or a state (None: it serves it)."""
+    if info.get("family", "kv") != "kv":
+        return (f"a {info['family']} cache; the low-rank cache serves KV caches (keys and "
+                f"values)")
+    return None
 
 
 def held_bytes(cache) -> int:

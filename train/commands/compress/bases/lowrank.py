@@ -25,7 +25,7 @@ projection acts on the keys before the rotation, which the model then applies to
 rebuilt keys.
 
 Output-aware bases (the default of `rankzoo compress`) weigh the error as its reader sees
-it: a slot with a weight W [G, K, K] (train/commands/compress/readout.py: keys by the
+it: a slot with a weight W [G, K, K] (readout.py: keys by the
 queries that read them, values by W_O and the attention, each scaled to the squared error
 it adds to the layer's output per token) keeps the rank-r projector minimizing the weighted error
 tr(W (I - P) C (I - P)^T), C the activations' second moment per token: with S = W^(1/2),

@@ -4,8 +4,8 @@
     # [(allocation, target ratio or eps, Setting, check or None)], the advice first
 
 Allocations (each a function of the target ratio, in ALLOCATE):
-  uniform        one r for every head and slot (lowrank.py uniform_ranks)
-  greedy         from r = 1 up by each head's share of its own gain per byte (lowrank.py)
+  uniform        one r for every head and slot (bases/lowrank.py uniform_ranks)
+  greedy         from r = 1 up by each head's share of its own gain per byte (bases/lowrank.py)
   greedy-scaled  the same on the output-aware gains as they are (one scale)
   sensitivity    ranks of least summed predicted loss (choices.py), from uniform up
   mixed          per KV head full, low rank or a window + sinks (choices.py), from uniform
@@ -24,11 +24,12 @@ from collections.abc import Callable
 
 from budgets.cache import CostModel
 
+from ..bases.lowrank import cache_bytes, eps_ranks, greedy_ranks, projectors, uniform_ranks
+from ..options import CompressOptions
+from ..target.protocol import Target
 from .choices import Setting, mixed_setting, sensitivity_setting
-from .lowrank import cache_bytes, eps_ranks, greedy_ranks, projectors, uniform_ranks
-from .options import CompressOptions
 
-COST_MODEL = CostModel.SHARED  # the bases are weights (measure.py)
+COST_MODEL = CostModel.SHARED  # the bases are weights (../measure.py)
 SHARED = COST_MODEL == CostModel.SHARED  # lowrank's flag for it
 CHECKED = ("sensitivity", "mixed")  # allocations kept only when calibration agrees
 
@@ -63,7 +64,7 @@ ALLOCATE = {"uniform": _uniform, "greedy": _greedy, "greedy-scaled": _greedy_sca
             "sensitivity": _sensitivity, "mixed": _mixed}
 
 
-def calibration_loss(target, cal, setting: Setting) -> float:
+def calibration_loss(target: Target, cal, setting: Setting) -> float:
     """The loss on the calibration tokens (their labels) with the setting applied."""
     P = {key: projectors(cal.bases[key], setting.ranks[key], cal.encoders.get(key))
          for key in setting.ranks}
@@ -92,7 +93,7 @@ class Checker:
                 {"calibration_loss": mine, "uniform_calibration_loss": theirs, "kept": kept})
 
 
-def settings(target, cal, sens, options: CompressOptions, T: int, prediction: dict | None,
+def settings(target: Target, cal, sens, options: CompressOptions, T: int, prediction: dict | None,
              notes: list[str], grid: tuple[int, ...] = (),
              progress: Callable[[str], None] | None = None) -> list[tuple]:
     """(allocation, target ratio or eps, Setting, check) to evaluate: the report's advice
@@ -124,13 +125,13 @@ def settings(target, cal, sens, options: CompressOptions, T: int, prediction: di
     return out
 
 
-def _usable(allocations: list[str], target, cal, notes: list[str]) -> list[str]:
+def _usable(allocations: list[str], target: Target, cal, notes: list[str]) -> list[str]:
     """The allocations asked that apply to this target (each left out says why)."""
     if "greedy-scaled" in allocations and not cal.one_scale:
         allocations.remove("greedy-scaled")
         notes.append("greedy-scaled: left out: its gains are not on one scale here (energy "
                      "bases, a recurrent state or MoE's shared KV head)")
-    if "mixed" in allocations and target.family != "kv":
+    if "mixed" in allocations and not target.caches_kv:
         allocations.remove("mixed")
         notes.append(f"mixed: left out: its choices are per KV head, and {target.family} "
                      f"caches no keys and values (sensitivity ranks its slots alone)")

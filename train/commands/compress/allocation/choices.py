@@ -13,7 +13,7 @@ predicted loss changes (sensitivity.py) least within full / ratio bytes, from th
 ranks up (allocate.py: never a larger predicted loss than uniform's).
 mixed: per KV head one of three, within the same bytes: full (its keys and values kept
 whole), low rank (r_k, r_v on the output-aware bases) or, where the head's attention lies
-in its window (windows.py MIN_KEPT), a window of W recent keys and s sinks, whose bytes at
+in its window (bases/windows.py MIN_KEPT), a window of W recent keys and s sinks, whose bytes at
 --length T are min(W + s, T) / T of the full head's; from the uniform ranks up too.
 """
 
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..bases.lowrank import Slot, cache_bytes, direction_bytes, uniform_ranks
+from ..bases.windows import MIN_KEPT, SINKS
+from ..target.protocol import Target
 from .allocate import Option, allocate, front
-from .lowrank import Slot, cache_bytes, direction_bytes, uniform_ranks
-from .windows import MIN_KEPT, SINKS
 
 CHOICES = ("full", "low_rank", "window")
 
@@ -128,7 +129,7 @@ def _head_options(k: Slot, v: Slot, g: int, sens, nbytes: int, T: int, windows: 
     return options
 
 
-def mixed_setting(target, sens, ratio: float, nbytes: int, T: int, grid: tuple[int, ...]
+def mixed_setting(target: Target, sens, ratio: float, nbytes: int, T: int, grid: tuple[int, ...]
                   ) -> Setting | None:
     """Per KV head full, low rank or a window (module docstring) of least summed predicted
     loss within full / ratio bytes, from the uniform ranks; None when they do not reach

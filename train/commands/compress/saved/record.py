@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...rundir.files import write_json
-from ...rundir.layout import EXPERIMENT_FILE
-from ...rundir.lock import RunLocked, hold_run_dir, lock_path, read_holder, writer
+from ....rundir.files import write_json
+from ....rundir.layout import EXPERIMENT_FILE
+from ....rundir.lock import RunLocked, hold_run_dir, lock_path, read_holder, writer
 
 RECORD_FILE = "compress.json"
 

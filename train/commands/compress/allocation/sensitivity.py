@@ -22,7 +22,7 @@ Each choice's X is linear in its perturbation, so one gradient prices them all:
                U_r E_r its output-aware projector): with the codes c = E a and h = U^T g
                (g the gradient at a), X(r) = -sum_t sum_{k >= r} h_k c_k, every r at once
   window W     d = P' v - P v per query of each query head of the KV head's group (the
-               attention output before W_O, windows.py), X = sum_t g_o . d
+               attention output before W_O, bases/windows.py), X = sum_t g_o . d
 
 A setting's predicted change is mean(X_total^2) / (2 N) with X_total the sum of its
 heads' X, so cross terms between heads and layers count; the allocator (allocate.py)
@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from ..target.protocol import Target
 
 SAMPLES = 4  # label samples per calibration sequence: backward passes per batch
 SEED = 0  # of the label samples
@@ -167,7 +169,7 @@ class _Sums:
         return kept, stats
 
 
-def sensitivity(target, cal, batch_size: int, grid: tuple[int, ...] = (),
+def sensitivity(target: Target, cal, batch_size: int, grid: tuple[int, ...] = (),
                 samples: int = SAMPLES, seed: int = SEED) -> Sensitivity:
     """X of every slot's ranks and (grid) every KV head's windows, over cal's calibration
     tokens (and labels: the positions whose loss counts), `samples` label draws each."""

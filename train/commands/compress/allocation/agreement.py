@@ -24,9 +24,8 @@ text grades each figure (STRENGTH) and says when few settings are resolved.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from ...render.recall import spearman  # one rank correlation for the project
+from ....render.recall import spearman  # one rank correlation for the project
 
 NOISE = 1e-3  # nats per token: measured changes below this leave the ratio out
 RESOLVED = 2.0  # standard errors a measured change must exceed to count as resolved
@@ -35,18 +34,10 @@ MIN_RESOLVED = 4  # fewer resolved settings than this: their Spearman is not giv
 STRENGTH = ((0.8, "strong"), (0.5, "moderate"), (0.0, "weak"))
 
 
-@dataclass(frozen=True)
-class PerSequence:
-    """An evaluation's summed loss and labelled positions per sequence, in the order of
-    the evaluation data (the same for every setting)."""
-
-    sums: list[float]
-    positions: list[int]
-
-
 def change_se(metrics: dict, baseline: dict) -> float | None:
     """The standard error of metrics' loss minus baseline's (a token-weighted mean of
-    paired per-sequence differences), or None without per-sequence losses or with fewer
+    paired per-sequence differences, each evaluation's "per_sequence": target/protocol.py's
+    PerSequence), or None without per-sequence losses or with fewer
     than two sequences."""
     now, then = metrics.get("per_sequence"), baseline.get("per_sequence")
     if now is None or then is None or len(now.sums) < 2:

@@ -4,13 +4,14 @@
     save_compressed(doc, target, cal, chosen, options, notes, write, healed, data)
 
 The setting saved is the largest measured ratio within the tolerance, or with --heal the
-setting healed, its adapters merged into the projected weights (train/commands/compress/
-heal.py); a zoo model is written as a run's variant (checkpoints/last.ckpt, config.yaml),
-a Hugging Face model with save_pretrained; beside it bases.pt (the bases and ranks per
-slot) and compress.json. The directory is then loaded back (train/commands/compress/
-load.py) and one evaluation sequence of `length` tokens decoded through the low-rank cache
-(cache.py): doc["saved"]["cache"] holds the bytes that cache held against the row's
-bytes_per_token x tokens, and its logits' largest difference from the measured model's.
+setting healed, its adapters merged into the projected weights
+(train/commands/compress/heal.py); a zoo model is written as a run's variant
+(checkpoints/last.ckpt, config.yaml), a Hugging Face model with save_pretrained; beside
+it bases.pt (the bases and ranks per slot) and compress.json. The directory is then
+loaded back (load.py) and one evaluation sequence of `length` tokens decoded through the
+low-rank cache (train/commands/compress/target/cache.py): doc["saved"]["cache"] holds the
+bytes that cache held against the row's bytes_per_token x tokens, and its logits' largest
+difference from the measured model's.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...render.compress import setting_name
-from ...rundir.files import atomic_path, write_json, write_yaml
-from ...rundir.layout import VariantFiles
-from .calibrate import Calibration
-from .heal import KINDS, Healed, ModelData, kind_of, row_windows
-from .lowrank import projectors
-from .options import CompressOptions
-from .surgery import Surgery
+from ....render.compress import setting_name
+from ....rundir.files import atomic_path, write_json, write_yaml
+from ....rundir.layout import VariantFiles
+from ..bases.calibrate import Calibration
+from ..bases.lowrank import projectors
+from ..heal import Healed, ModelData, row_windows
+from ..options import CompressOptions
+from ..target.protocol import Target
+from ..target.surgery import Surgery
 
 # the document's fields compress.json repeats beside the saved row
 SAVED_FIELDS = ("schema", "version", "source", "model", "family", "keys", "rope",
@@ -52,7 +54,7 @@ def check_save_dir(save: str | None, saveable: str | None = None) -> None:
                          f"(the bases are in --format json)")
 
 
-def save_compressed(doc: dict, target, cal: Calibration, chosen: dict,
+def save_compressed(doc: dict, target: Target, cal: Calibration, chosen: dict,
                     options: CompressOptions, notes: list[str],
                     write: Callable[[Path], None], healed: Healed | None = None,
                     data: ModelData | None = None) -> None:
@@ -125,7 +127,7 @@ def _verdict_row(doc: dict, options: CompressOptions, notes: list[str]) -> int |
     return index
 
 
-def _sample(doc: dict, target, data: ModelData) -> torch.Tensor:
+def _sample(doc: dict, target: Target, data: ModelData) -> torch.Tensor:
     """One sequence [1, n] of the evaluation tokens, n = the document's length (fewer when
     the evaluation or a zoo model's max_len holds fewer)."""
     flat = data.eval_tokens.flatten()
@@ -133,12 +135,12 @@ def _sample(doc: dict, target, data: ModelData) -> torch.Tensor:
     return flat[:n][None]
 
 
-def served_logits(target, ids: torch.Tensor) -> torch.Tensor:
+def served_logits(target: Target, ids: torch.Tensor) -> torch.Tensor:
     """The logits [1, n, vocab] of the model as compress measured it (surgery in force),
     in one parallel forward pass without a cache."""
-    logits = KINDS[kind_of(target)][1]
     with torch.no_grad():
-        return logits(target.model, ids.to(next(target.model.parameters()).device)).float()
+        return target.logits(target.model,
+                             ids.to(next(target.model.parameters()).device)).float()
 
 
 def _check_cache(out: Path, info: dict, sample: torch.Tensor, reference: torch.Tensor,
@@ -160,7 +162,7 @@ def _check_cache(out: Path, info: dict, sample: torch.Tensor, reference: torch.T
     return check
 
 
-def _bases(target, cal: Calibration, ranks: dict) -> dict:
+def _bases(target: Target, cal: Calibration, ranks: dict) -> dict:
     """bases.pt: the slots, and per slot ("layer.kind") its ranks and each head's kept
     basis [K, r]."""
     return {"slots": [asdict(s) for s in target.slots],
@@ -186,7 +188,7 @@ def save_zoo(out: Path, model: nn.Module, config: dict) -> None:
     write_yaml(files.config, config)
 
 
-def save_hf(out: Path, target, tokenizer) -> None:
+def save_hf(out: Path, target: Target, tokenizer) -> None:
     """The Hugging Face model (its weights now projected) and its tokenizer."""
     target.model.save_pretrained(out)
     if tokenizer is not None:

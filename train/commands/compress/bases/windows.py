@@ -18,7 +18,7 @@ batch (budgets/probe/heads.py head_stats: the mass on the first token, on the re
 here also the mass a window of W plus the sinks keeps, over the queries it binds, t >= W +
 s): a window is offered for a KV head when its query heads keep at least MIN_KEPT of
 their attention in it on average. Its loss is then predicted like every other choice
-(sensitivity.py), from the change it makes to the attention output, P' v - P v.
+(allocation/sensitivity.py), from the change it makes to the attention output, P' v - P v.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
     cache = lowrank_cache(model, layer_codes(bases), torch.bfloat16, rope=True)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True)   # or model.generate
-    held_bytes(cache)             # train/commands/compress/cache.py: codes only
+    held_bytes(cache)             # cache.py: codes only
 
 Each layer is a transformers DynamicLayer whose `keys` and `values` are the codes
 [B, 1, T, R] (R: the slot's sum of ranks over its KV heads, at the cache dtype), so
 transformers' own bookkeeping (sequence length, masks, cropping, beam reordering) works on
 them unchanged; `update` encodes the new tokens and returns every token's keys and values
-rebuilt (train/commands/compress/cache.py says how, RoPE included). The angles come from
+rebuilt (cache.py says how, RoPE included). The angles come from
 the model's own rotary embedding module, for positions 0..T-1 of the cached sequence.
 """
 

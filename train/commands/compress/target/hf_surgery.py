@@ -8,11 +8,17 @@ head, bias too; a fused q/k/v projection's rows wherever they sit), or by a hook
 per-head k_norm of models that normalize them; keys after RoPE (keys=post-rope) inside
 the attention, through transformers' AttentionInterface (budgets/hf/capture.py
 transformed); values through W_V's rows.
+
+HFTarget implements the Target protocol (protocol.py): every Hugging Face model's cache is
+keys and values (family "kv"); a saved one is loaded by save_pretrained's rules and
+decodes through a transformers Cache of codes (hf_cache.py).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,12 +32,13 @@ from budgets.hf.capture import capture, transformed
 from budgets.hf.geometry import Geometry
 from budgets.hf.probe import hf_layer_maps
 
-from .agreement import PerSequence
-from .lowrank import Slot, project_heads, project_rows
-from .options import resolve_keys
-from .readout import Weight, readout_weights
+from ..bases.lowrank import Slot, project_heads, project_rows
+from ..bases.readout import Weight, readout_weights
+from ..bases.windows import head_mask, window_effects
+from ..options import resolve_keys
+from .cache import kv_only
+from .protocol import PerSequence
 from .surgery import Surgery, projected, watching
-from .windows import head_mask, window_effects
 
 DISCOVERY_SEED = 0  # the random tokens the layers are found with
 
@@ -47,7 +54,9 @@ class HFTarget:
     layer the keys and values of its KV heads; evaluation by next-token loss and
     perplexity."""
 
+    kind = "hf"
     family = "kv"
+    caches_kv = True
 
     def __init__(self, model: nn.Module, keys: str = "auto"):
         self.model = model.eval()
@@ -107,7 +116,7 @@ class HFTarget:
         return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
                 f"V {V}); {self.keys.label_for(self.rope)}")
 
-    # weights in squared output error per token (train/commands/compress/readout.py)
+    # weights in squared output error per token (bases/readout.py)
     one_scale = True
 
     @torch.no_grad()
@@ -205,7 +214,7 @@ class HFTarget:
     def watched(self, record):
         """Inside, a forward pass records the live keys and values (where they are
         projected) and, record.grid, each window layer's attention output and window
-        effects (sensitivity.py); the model attends through the capture meanwhile."""
+        effects (allocation/sensitivity.py); the model attends through the capture meanwhile."""
         return watching(self, record, self._watch)
 
     def _watch(self, surgery: Surgery, record) -> None:
@@ -255,6 +264,58 @@ class HFTarget:
             sums += losses.sum(-1).tolist()
         return {"loss": loss / count, "perplexity": math.exp(loss / count), "tokens": count,
                 "per_sequence": PerSequence(sums, [ids.shape[1] - 1] * len(sums))}
+
+    def adapter_sites(self, P: dict) -> dict[nn.Module, list]:
+        """{linear: rows it must project} over every attention layer's W_Q, W_K, W_V, W_O
+        (a fused projection once, with each of its projected heads' rows)."""
+        weight_keys = not (self.normed_keys or self.rotated)  # compress projects W_K's rows
+        sites: dict[nn.Module, list] = {}
+        for i, layer in enumerate(self.layers):
+            for rows, key in ((layer.q, None), (layer.k, (i, "k") if weight_keys else None),
+                              (layer.v, (i, "v"))):
+                if rows is not None:
+                    sites.setdefault(rows.linear, []).extend(
+                        [] if key is None else [(rows.index, P[key])])
+            if layer.out is not None:
+                sites.setdefault(layer.out, [])
+        return sites
+
+    # ------------------------------------------------------------ a saved Hugging Face model
+
+    @staticmethod
+    def logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=False).logits  # [B, T, vocab]
+
+    @staticmethod
+    def load_model(path: Path) -> nn.Module:
+        """A save_pretrained directory (saved/save.py save_hf)."""
+        from ....hf import load_model
+
+        return load_model(path)[0]
+
+    @staticmethod
+    def unserved(info: dict) -> str | None:
+        return kv_only(info)
+
+    @staticmethod
+    def lowrank_cache(model: nn.Module, codes: list, dtype: torch.dtype, info: dict,
+                      batch: int, max_len: int | None):
+        """A transformers Cache of codes, grown as tokens come (batch and max_len unused);
+        its keys turned back by RoPE's angles where their bases live before RoPE."""
+        from .hf_cache import lowrank_cache  # needs transformers 4.56: imported when used
+
+        return lowrank_cache(model, codes, dtype, info.get("rope", False))
+
+    @staticmethod
+    def step(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache}).logits
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The name a Hugging Face model's forward and generate take a cache by (`cache` since
+    transformers 5, `past_key_values` before)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:

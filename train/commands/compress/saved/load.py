@@ -9,14 +9,15 @@
 A saved directory holds the model with W_K and W_V projected (a run's checkpoint laid out
 like a variant's, or save_pretrained), bases.pt (per slot the decoders U_r and encoders
 E_r of each head) and compress.json (the row saved: ranks, bytes_per_token at the cache
-dtype, `length`). The cache is train/commands/compress/cache.py's LowRankKVCache per layer
-for a zoo model and hf_cache.py's LowRankCache for a Hugging Face one, its codes at the
-cache dtype the row was counted at.
+dtype, `length`). What differs between a zoo model and a Hugging Face one (how it loads,
+its cache of codes, a decoding step) is asked of the target class its `kind` names
+(train/commands/compress/target/protocol.py): train/commands/compress/target/cache.py's
+LowRankKVCache per layer for a zoo model, train/commands/compress/target/hf_cache.py's
+LowRankCache for a Hugging Face one, its codes at the cache dtype the row was counted at.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import held_bytes, layer_codes
+from ..target.cache import held_bytes, layer_codes
+from ..target.hf_surgery import HFTarget, cache_kwarg
+from ..target.protocol import Target
+from ..target.zoo_surgery import ZooTarget
 
 SAVED_FILES = ("compress.json", "bases.pt")
 # the cache dtypes codes are held at (compress.json's cache_dtype); 8-bit ones would need a
 # quantizer beside the bases
 CODE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Saved.kind -> the target class that loads and serves such a model (static members)
+TARGET_TYPES = {t.kind: t for t in (ZooTarget, HFTarget)}
 
 
 @dataclass
@@ -51,29 +57,25 @@ class Saved:
     def new_cache(self, batch: int = 1, max_len: int | None = None):
         """An empty low-rank cache for `batch` sequences (zoo: of up to max_len tokens,
         preallocated; Hugging Face: grown as tokens come)."""
-        if self.kind == "hf":
-            from .hf_cache import lowrank_cache
+        return self.served_by.lowrank_cache(self.model, self.codes, self.dtype, self.info,
+                                             batch, max_len)
 
-            return lowrank_cache(self.model, self.codes, self.dtype, self.info.get("rope", False))
-        from .cache import zoo_caches
-
-        return zoo_caches(self.model, self.codes, batch, max_len or self.model.max_len,
-                          self.dtype)
+    @property
+    def served_by(self) -> type[Target]:
+        """The target class of this kind of model (train/commands/compress/target/)."""
+        return TARGET_TYPES[self.kind]
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, cache) -> torch.Tensor:
         """Logits [B, n, vocab] of ids [B, n] continuing what `cache` holds (updated)."""
         ids = ids.to(next(self.model.parameters()).device)
-        if self.kind == "zoo":
-            return self.model(ids, cache)
-        return self.model(input_ids=ids, use_cache=True, **{self.cache_kwarg: cache}).logits
+        return self.served_by.step(self.model, ids, cache)
 
     @property
     def cache_kwarg(self) -> str:
         """The name a Hugging Face model's forward and generate take a cache by (`cache`
         since transformers 5, `past_key_values` before)."""
-        params = inspect.signature(self.model.forward).parameters
-        return "cache" if "cache" in params else "past_key_values"
+        return cache_kwarg(self.model)
 
     def decode(self, ids: torch.Tensor, prefill: int = 1):
         """(logits [B, T, vocab], the cache): ids [B, T] read through the low-rank cache,
@@ -109,34 +111,18 @@ def load_compressed(path, device: str = "cpu") -> Saved:
 
 def load_saved(path: Path, info: dict, device: str = "cpu") -> Saved:
     """The model and bases.pt in `path`, described by `info` (compress.json's document)."""
-    if info.get("family", "kv") != "kv":
-        raise ValueError(f"{path}: a {info['family']} cache; the low-rank cache serves KV "
-                         f"caches (keys and values)")
+    kind = "hf" if "hf" in info["source"] else "zoo"
+    refused = TARGET_TYPES[kind].unserved(info)
+    if refused is not None:
+        raise ValueError(f"{path}: {refused}")
     if info["cache_dtype"] not in CODE_DTYPES:
         raise ValueError(f"{path}: cache_dtype {info['cache_dtype']}: the low-rank cache holds "
                          f"its codes at {', '.join(CODE_DTYPES)} (8-bit codes need a quantizer)")
     bases = torch.load(path / "bases.pt", weights_only=True)
-    kind = "hf" if "hf" in info["source"] else "zoo"
-    model = _load_model(path, kind).to(device)
+    model = TARGET_TYPES[kind].load_model(path).to(device)
     saved = Saved(model, layer_codes(bases), info, kind, CODE_DTYPES[info["cache_dtype"]])
     saved.new_cache(1, 1)  # a model the cache does not serve is refused here, in one line
     return saved
-
-
-def _load_model(path: Path, kind: str) -> nn.Module:
-    if kind == "hf":
-        from ...hf import load_model
-
-        return load_model(path)[0]
-    from ...lm.decoder import build_model
-    from ...rundir.layout import VariantFiles
-    from ...rundir.read import MODEL_PREFIX, check_shapes, load_checkpoint, run_config
-
-    ckpt = VariantFiles(path).checkpoint
-    checkpoint, model = load_checkpoint(ckpt), build_model(run_config(path))
-    check_shapes(model, checkpoint.state_dict, ckpt, prefix=MODEL_PREFIX)  # one line
-    model.load_state_dict(checkpoint.model_state)
-    return model.eval()
 
 
 def measure_saved(saved: Saved, ids: torch.Tensor,

@@ -7,7 +7,7 @@
     spread = value_spread(kappa, M, G)             # [G] ... on m m^T + spread (C - m m^T)
     U, E, gain = weighted_basis(C, W)              # the basis minimizing the weighted error
 
-A slot (train/commands/compress/lowrank.py) of width K holds activations a with second
+A slot (lowrank.py) of width K holds activations a with second
 moment C = E[a a^T] per token. Keeping r directions, a -> P a, leaves the error (I - P) a,
 and a reader with weight W feels E[(a - P a)^T W (a - P a)] = tr(W (I - P) C (I - P)^T).
 Every weight here is scaled so that this is the squared error the layer adds to the

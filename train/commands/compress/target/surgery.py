@@ -4,7 +4,7 @@
         loss = target.evaluate(...)     # every change undone on exit
     with projected(target, P, {(layer, g): (W, s)}):   # and those KV heads windowed
 
-A target (train/commands/compress/zoo_surgery.py's ZooTarget, hf_surgery.py's HFTarget)
+A target (protocol.py: zoo_surgery.py's ZooTarget, hf_surgery.py's HFTarget)
 applies its projections through a Surgery, which records how to undo each one.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .lowrank import project_rows
+from ..bases.lowrank import project_rows
 
 
 class Surgery:
