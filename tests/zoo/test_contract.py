@@ -193,7 +193,17 @@ def test_bf16_autocast_forward_is_close_to_fp32(case):
     x = case.x(dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = block(x)
-    torch.testing.assert_close(y.float(), block(x), atol=5e-2, rtol=5e-2)
+    want = block(x)
+    if case.name == "moe":
+        # a token whose router probabilities nearly tie may go to another expert in bf16,
+        # and its output is then another's (1 token of ~25 on 5 of seeds 0-59, AVX-512 and
+        # AVX2 alike): the tokens routed alike are compared, and they are most
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            routed = block.routing(x)[0].sort(-1).values  # [B, T, k]
+        same = (routed == block.routing(x)[0].sort(-1).values).all(-1)  # [B, T]
+        assert same.float().mean() >= 0.9
+        y, want = y[same], want[same]
+    torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
 
 
 # ---------------------------------------------------------------- caps

@@ -191,21 +191,35 @@ def test_mla_names_what_it_does_not_measure():
 
 @torch.no_grad()
 def test_mla_cache_rows_are_its_latent():
-    """An MLA layer's inference rows are the latent and rotary key its cache holds (read
-    here from the model's own cache after a prefill), capped by min(T, R + dr)."""
+    """An MLA layer's inference rows are the latent and rotary key an MLA cache holds, capped
+    by min(T, R + dr), read here from the model's own cache after a prefill: transformers
+    caches deepseek_v3's latent from 5.15 on; before, it cached the expanded keys and
+    values, each head's key ending with the shared rotary key, and the latent is then
+    kv_b_proj's input."""
     model, ids = tiny_model("deepseek_v3"), _ids()
     probe, _ = probe_hf_model(model, ids, with_spectra=True, matfree_from=None)
-    cache = model(input_ids=ids, use_cache=True).past_key_values
+    latents = []  # what each layer's kv_b_proj expands, [B, T, R]
+    hooks = [layer.self_attn.kv_b_proj.register_forward_pre_hook(
+        lambda m, args: latents.append(args[0].reshape(B, T, -1)))
+        for layer in model.model.layers]
+    try:
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+    finally:
+        for h in hooks:
+            h.remove()
     c = model.config
     width = c.kv_lora_rank + c.qk_rope_head_dim
-    for layer, cached in zip(probe["layers"], cache.layers, strict=True):
+    for layer, cached, latent in zip(probe["layers"], cache.layers, latents, strict=True):
         q = layer["quantities"]
         assert "inference.k" not in q and "inference.v" not in q
         assert layer["budget"]["inference"] == min(T, width)
         assert layer["budget"]["cache_elements"] == T * width
-        for row, tensor in (("inference.latent", cached.keys), ("inference.rope_key",
-                                                                cached.values)):
-            x = tensor[:, 0].double()  # [B, T, R] / [B, T, dr]
+        if cached.keys.shape[1] == 1:  # the latent [B, 1, T, R], the rotary key [B, 1, T, dr]
+            rows = cached.keys[:, 0], cached.values[:, 0]
+        else:  # keys [B, H, T, dn + dr]
+            rows = latent, cached.keys[:, 0, :, -c.qk_rope_head_dim:]
+        for row, x in zip(("inference.latent", "inference.rope_key"), rows, strict=True):
+            x = x.double()  # [B, T, R] / [B, T, dr]
             assert q[row]["shape"] == list(x.shape[1:])
             want = torch.linalg.svdvals(x).mean(0)  # fp64, the batch's mean spectrum
             torch.testing.assert_close(layer["spectra"][row][0].double(), want,

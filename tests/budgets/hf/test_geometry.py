@@ -53,23 +53,32 @@ def test_a_window_averages_the_keys_seen_over_the_sequence():
     assert (budget.mixing, budget.inference, budget.cache_elements) == (W - 1, W, 2 * W * G * K)
 
 
-@pytest.mark.parametrize("model_type, extra, windows", [
-    ("gpt_oss", {}, [8, None]),  # layer_types names each layer's attention
-    ("qwen2", {"sliding_window": 8, "use_sliding_window": False}, [None, None]),  # the switch
-    ("mistral", {}, [8, 8]),  # a window, no switch: every layer
-    ("llama", {}, [None, None]),  # no window at all
+@pytest.mark.parametrize("model_type, extra", [
+    ("gpt_oss", {}),  # layer_types names each layer's attention
+    ("qwen2", {"sliding_window": 8, "use_sliding_window": False}),  # the switch (no window)
+    ("mistral", {}),  # a window, no switch (every layer)
+    ("llama", {}),  # no window at all
 ])
-def test_each_layers_window_is_the_one_its_forward_attends_with(model_type, extra, windows):
+def test_each_layers_window_is_the_one_its_forward_attends_with(model_type, extra):
     """The probe reads a layer's window from the call its forward makes: the config's
-    layer types and switches are the model's own business."""
+    layer types and switches are the model's own business, so the window each layer
+    attends with is read here from its eager P (how far back its keys reach)."""
     pytest.importorskip("transformers", reason="tiny models need transformers")
     from budgets.hf.capture import capture
     from tests.hf_tiny import VOCAB, tiny_model
 
+    T = 16
     model, calls = tiny_model(model_type, **extra), []
-    ids = torch.randint(3, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, VOCAB, (1, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions  # [1, H, T, T]
     with torch.no_grad(), capture(model, calls.append):
         model(input_ids=ids)
+    back = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - s
+    windows = []
+    for P in attentions:
+        reach = int(back[(P[0] > 0).any(0)].max()) + 1  # the keys a query sees, itself too
+        windows.append(None if reach == T else reach)
     assert [c.window for c in calls] == windows
 
 

@@ -11,6 +11,11 @@ import torch
 
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
+if not hasattr(pytest.importorskip("transformers.models.mamba2.modeling_mamba2"),
+               "mamba2_chunk_scan"):  # the functions capture_scans wraps, from 5.15 on
+    pytest.skip(f"transformers {transformers.__version__}: its Mamba mixers call no "
+                "mamba2_chunk_scan / mamba_selective_scan (transformers >= 5.15 do)",
+                allow_module_level=True)
 
 from budgets.hf.probe import probe_hf_model  # noqa: E402
 from budgets.hf.scans import (  # noqa: E402

@@ -71,7 +71,10 @@ def test_too_small_k_answers_above_k():
     above = exact["rank_eps"] > 4
     assert above.any()
     assert got["rank_eps"][above].isnan().all()
-    assert (got["rank_eps_above"][above] >= 4).all()
+    # the floor passes k and the run stops there, or the product budget ends the run first
+    # with the floor at k ("rank_eps > k - 1"): 23 of heads() seeds 0-199 had one such head
+    # (AVX-512 and AVX2 alike), none a floor below k
+    assert (got["rank_eps_above"][above] >= 4 - 1).all()
     assert (got["rank_eps_above"][above] < exact["rank_eps"][above]).all()
     assert torch.equal(got["rank_eps"][~above], exact["rank_eps"][~above])
 
@@ -82,7 +85,15 @@ def test_erank_only_where_the_whole_spectrum_was_seen():
     op = AttentionOperator(q, k, 0.5, 6, (T // 2, T), (0, T // 2))  # rank <= 5
     got = operator_metrics(op, eps=0.1, k=16)
     exact = rank_metrics(causal_probs(q, k, 0.5, 6)[..., T // 2:, :T // 2], eps=0.1)
-    torch.testing.assert_close(got["erank"], exact["erank"], rtol=1e-4, atol=1e-6)
+    # the near-identity head's block is ~1e-20 in fp64 and below the fp32 operator's exp
+    # floor (it reads 0): noise on both sides, as in test_matrix_free_equals_exact
+    real = exact["sigma_1"] > 1e-6
+    assert real.sum() >= 6
+    # erank weighs every singular value, and one below ~sqrt(fp32 eps) s_1 (~3e-4 s_1) is
+    # lost in the fp32 A^T A the Lanczos run reads: over heads() seeds 0-99 (AVX-512 and
+    # AVX2 alike) a real head's erank was off by up to 2.1e-3 relative (9e-7 at seed 0);
+    # a singular value above that missed or a NaN would be off by more than 1e-2
+    torch.testing.assert_close(got["erank"][real], exact["erank"][real], rtol=5e-3, atol=0)
     wide = operator_metrics(AttentionOperator(q, k, 0.5), eps=0.1, k=8, k_max=8)
     assert wide["erank"][:, 0].isnan().all()  # a random head's spectrum is not all seen
     assert wide["numerical_rank"].isnan().all()
@@ -116,6 +127,7 @@ def test_a_causal_chunk_spans_only_the_keys_its_rows_see():
     """The whole causal matrix costs its lower triangle: each chunk of rows ends at its last
     row's key, and a window's chunk starts at its first row's first key."""
     q, k = heads(T=200)
+    g = torch.Generator().manual_seed(1)
     for window, rows, cols in [(None, None, None), (12, None, None),
                                (None, (100, 200), (0, 100)), (12, (100, 200), (0, 100))]:
         op = AttentionOperator(q, k, 0.5, window, rows, cols)
@@ -126,14 +138,19 @@ def test_a_causal_chunk_spans_only_the_keys_its_rows_see():
             assert hi == min(op.cols[1], t1)
             assert lo == (op.cols[0] if window is None else max(op.cols[0], t0 - window + 1))
         P = causal_probs(q, k, 0.5, window)[..., r0:r1, op.cols[0]:op.cols[1]].float()
-        X = torch.randn(*P.shape[:-2], P.shape[-1], 3, dtype=torch.float32)
-        torch.testing.assert_close(op.matmul(X), P @ X, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(op.gram(X), P.mT @ (P @ X), rtol=1e-4, atol=1e-5)
-        Y = torch.randn(*P.shape[:-2], P.shape[-2], 3)
-        torch.testing.assert_close(op.rmatmul(Y), P.mT @ Y, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(op.colsum(), P.sum(-2), rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(op.fro2(), P.double().square().sum((-2, -1)), rtol=1e-5,
-                                   atol=1e-6)
+        X = torch.randn(*P.shape[:-2], P.shape[-1], 3, dtype=torch.float32, generator=g)
+        Y = torch.randn(*P.shape[:-2], P.shape[-2], 3, generator=g)
+        # the operator's fp32 scores of ~100 (the near-identity head) round at ~1e-5
+        # relative against the fp64 reference: over heads() seeds 0-199 (AVX-512 and AVX2
+        # alike) these held at rtol = atol = 1e-4, while rtol 1e-5 on fro2 failed 22 of
+        # 100 and 1e-4 with atol 1e-5 on the products 3 of 100. A product missing keys is
+        # off by their probabilities, ~1/t each for the random head
+        tol = dict(rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(op.matmul(X), P @ X, **tol)
+        torch.testing.assert_close(op.gram(X), P.mT @ (P @ X), **tol)
+        torch.testing.assert_close(op.rmatmul(Y), P.mT @ Y, **tol)
+        torch.testing.assert_close(op.colsum(), P.sum(-2), **tol)
+        torch.testing.assert_close(op.fro2(), P.double().square().sum((-2, -1)), **tol)
 
 
 def test_low_rank_block_is_exact():

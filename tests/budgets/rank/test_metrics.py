@@ -99,7 +99,9 @@ def test_stochastic_pitfall_centering_recovers_structure():
     assert (P > 0).all() and torch.allclose(P.sum(-1), torch.ones(n, dtype=torch.float64))
     raw, centered = rank_metrics(P), rank_metrics(P, center=True)
     assert raw["rank_eps"].item() == 1
-    assert raw["sigma_1"].item() >= 1.0
+    # s_1 = 1 exactly (the ones direction; E is orthogonal to it on both sides), which the
+    # fp64 SVD reads as up to 6e-16 below 1 on 49 of seeds 0-99 (AVX-512 and AVX2 alike)
+    assert raw["sigma_1"].item() >= 1.0 - 1e-12
     assert centered["rank_eps"].item() == r
     assert centered["erank"].item() == pytest.approx(r)
 

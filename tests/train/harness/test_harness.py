@@ -168,6 +168,8 @@ def test_each_optimizer_reduces_the_loss(name, lr):
     first = closure().item()
     for _ in range(8):
         optimizer.step(closure)
+    # the drop over seeds 0-29 (model and batch), AVX-512 and AVX2 alike: AdamW 0.36-0.40,
+    # Muon 0.29-0.32, Lion 0.117-0.131 (seed 0: 0.38, 0.30, 0.127)
     assert module._loss(batch)[0].item() < first - 0.1
 
 

@@ -163,6 +163,9 @@ def test_a_run_at_chance_finishes_without_learning_and_gets_no_advice(tmp_path):
     metric, side, threshold = learned_threshold(status["baseline"])
     val_loss = report["variants"][0]["metrics"]["val/loss"]
     assert (status["state"], status["step"], status["max_steps"]) == ("finished", 6, 6)
+    # 6 steps leave val/loss near log 16 = 2.77, 0.13 above the threshold at seed 0; over
+    # seeds 0-7 (AVX-512 and AVX2 alike) the gap ran 0.015-0.13: a chain whose stationary
+    # law is near uniform has its unigram loss, and the threshold, close to log 16
     assert (metric, side) == ("val/loss", "below") and val_loss >= threshold
     assert status["learned"] is False and status["baseline"]["task"] == "markov"
     on_disk = json.loads((tmp_path / "ch" / "mha" / "report.json").read_text())
