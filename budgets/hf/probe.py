@@ -22,8 +22,9 @@ text are the caller's business (train/hf/__init__.py); tensors are measured on t
 they are on.
 
 What is Hugging Face's own lives here: loading aside, the model's sources (its attention
-interface, budgets/hf/capture.py; its Mamba scans, budgets/hf/scans.py; the mixers read
-from their forwards, budgets/hf/hooked.py),
+interface, budgets/hf/capture.py; its Mamba scans, budgets/hf/scans.py; its delta rules'
+chunk functions, budgets/hf/delta.py; the mixers read from their forwards,
+budgets/hf/hooked.py),
 its forward, its output embeddings, the entry builders per call kind (an attention
 layer's projections from budgets/capture/projections.py, found by watching a short forward
 rather than from a table per model type; its cache rows) and the eager fallback for
@@ -60,6 +61,7 @@ from ..rank.matfree import K_MAX
 from ..rank.metrics import check_eps
 from ..report.captured import captured_report
 from .capture import capture
+from .delta import capture_delta
 from .eager import probe_eager
 from .hooked import capture_hooked
 from .scans import ScanCall, capture_scans
@@ -113,7 +115,7 @@ def _mixers(model: nn.Module, ids: torch.Tensor) -> list[LayerMap | SSMMap]:
     names = {m: n for n, m in model.named_modules()}
     called: list = []
     with (torch.no_grad(), capture(model, called.append), capture_scans(model, called.append),
-          capture_hooked(model, called.append)):
+          capture_delta(model, called.append), capture_hooked(model, called.append)):
         model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
     found = {"attention": lambda m: attention[m].pop(0) if attention.get(m) else None,
              "scan": lambda m: SSMMap(m, names[m]) if m in names else None,
@@ -158,7 +160,7 @@ def _sources(matfree: bool) -> list:
     and the mixers read from their forwards, as probe_calls' sources."""
     return [lambda model, on_call: capture(model, on_call, keep_probs=not matfree,
                                            matfree=matfree),
-            capture_scans, capture_hooked]
+            capture_scans, capture_delta, capture_hooked]
 
 
 # ---------------------------------------------------------------- the probe

@@ -2,11 +2,13 @@
 
     missing = unmeasured_mixers(model, measured)   # measured: attention / SSD module names
 
-A hybrid may mix tokens by something that neither attends through transformers' attention
-interface nor calls a Mamba scan (budgets/hf/scans.py): Gated DeltaNet, short convolutions,
-RG-LRU. Such a layer shows no call to the captures, so it is found as a
-decoder layer (an item of the model's layer list) holding none of the measured modules,
-and named, with its mixer's module class, rather than silently left out of the report.
+A model may mix tokens by something no capture reads: not transformers' attention interface,
+a Mamba scan (budgets/hf/scans.py), a delta rule's chunk function (budgets/hf/delta.py) or a
+mixer read from its forward (budgets/hf/hooked.py: short convolutions, RG-LRU, lightning
+attention); xLSTM's mLSTM layers, say. Such a layer shows no call to the captures, so it
+is found as a decoder layer (an item of the model's layer list) holding none of the
+measured modules, and named, with its mixer's module class, rather than silently left out
+of the report.
 """
 
 from __future__ import annotations

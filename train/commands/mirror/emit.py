@@ -6,8 +6,8 @@ every layer, matched in parameters.
     raw, notes = emit_mirror(entry, "mirror.yaml", sizes)   # probe_hf's entry; loaded first
 
 Each kind maps to the zoo block that declares the same caps (train/hf/probe.py zoo_blocks:
-global -> softmax, sliding -> sliding_window, ssm -> ssm), with the checkpoint's knobs where
-the user's sizes allow them:
+global -> softmax, sliding -> sliding_window, ssm -> ssm, and delta -> the block whose facts
+mirror it), with the checkpoint's knobs where the user's sizes allow them:
 
 - a window keeps the checkpoint's W (`--window` replaces it): what a local layer learns is
   local structure in tokens, which does not shrink with the context, and at the same W the
@@ -17,7 +17,10 @@ the user's sizes allow them:
 - KV heads keep the checkpoint's share of the query heads (G / H), at the nearest divisor of
   `--n-heads` where that share is no whole number of heads;
 - an SSM keeps the checkpoint's state N, up to the largest N the zoo's ssm sizes at
-  `--d-model` (its sizing's range), and its heads' sharing of B and C (n_groups) likewise.
+  `--d-model` (its sizing's range), and its heads' sharing of B and C (n_groups) likewise;
+- a delta rule (Gated DeltaNet, KDA) keeps its gate (scalar or per key channel) with the
+  output gate of its family, its key width K within the same range, and its value heads
+  per query/key head (n_v_heads = --n-heads times that share).
 
 The experiment's data is MQAR at the experiment's length and its train settings those of
 `rankzoo pick --emit`, so that both flows train alike. The file is written through pick's
@@ -45,7 +48,7 @@ from .pattern import LayerKind, decoder_kinds, runs_text, unit_length
 
 PATTERN = "pattern"  # the hybrid variant's name; its uniform counterparts take their kind's
 # a sub-block's name by its attention kind (a second kind of the same attention: local_2)
-SUB_BLOCK_NAMES = {"sliding": "local", "global": "global", "ssm": "ssm"}
+SUB_BLOCK_NAMES = {"sliding": "local", "global": "global", "ssm": "ssm", "delta": "delta"}
 MAX_PAIRS = 16  # MQAR's key-value pairs, at most; 4 tokens a pair (pick's rule)
 MIN_SEQ_LEN = 8  # two pairs, their queries and the gaps between them
 
@@ -184,6 +187,8 @@ def mirrored_block(k: LayerKind, sizes: MirrorSizes, model: str
                          f"written")
     if k.kind["attention"] == "ssm":
         return _ssm(k, block, sizes)
+    if k.kind["attention"] == "delta":
+        return _delta(k, block, sizes)
     return _attention(k, block, sizes, model)
 
 
@@ -229,6 +234,31 @@ def _ssm(k: LayerKind, block: str, sizes: MirrorSizes) -> tuple[dict[str, Any], 
         f"sizes at --d-model {D} ({largest}); mirrored with N={d_state}"]
     spec = {"block": block, "d_state": d_state, "n_groups": groups}
     return spec, f"{k.label}: N={d_state}, {H // groups} heads per B, C group", notes
+
+
+# a delta rule's variant (budgets/capture/delta.py) -> the zoo delta block's gate and the
+# gate on its normed output, as each family has it (Gated DeltaNet: silu, KDA: sigmoid)
+DELTA_GATES = {"DeltaNet": ("none", "silu"), "GDN": ("scalar", "silu"),
+               "KDA": ("channel", "sigmoid")}
+
+
+def _delta(k: LayerKind, block: str, sizes: MirrorSizes
+           ) -> tuple[dict[str, Any], str, list[str]]:
+    """The checkpoint's gate and key width K (up to the largest the zoo's block sizes at
+    --d-model), and its value heads per query/key head."""
+    D, H, T = sizes.d_model, sizes.n_heads, sizes.seq_len
+    K = int(k.kind["state"])
+    largest = max(zoo.facts_of(block).sizing.values({"n_heads": H}, D, T))
+    key_dim = min(K, largest)
+    gate, output_gate = DELTA_GATES[k.kind["variant"]]
+    sharing = int(k.kind.get("heads_sharing") or 1)
+    spec = {"block": block, "gate": gate, "output_gate": output_gate, "key_dim": key_dim}
+    if sharing > 1:
+        spec["n_v_heads"] = H * sharing
+    notes = [] if key_dim == K else [
+        f"{k.label}: the checkpoint's key width K={K} is above the largest the zoo's {block} "
+        f"sizes at --d-model {D} ({largest}); mirrored with K={key_dim}"]
+    return spec, f"{k.label}: gate {gate}, K={key_dim}, {sharing} value heads per head", notes
 
 
 def nearest_divisor(n: int, target: float) -> int:
