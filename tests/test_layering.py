@@ -20,7 +20,10 @@ a job stay with it: only train/harness/ imports Lightning, only train/render/ bu
 tables or draws with matplotlib, train/render/ imports no torch (RULES, NO_TORCH) and reads
 no run directory (no import of train/rundir/read.py, no file opened: render_reads); train's
 subpackages form no cycle. Inside budgets/, its subpackages form no cycle either, and only
-budgets/hf/ imports transformers (BUDGETS_RULES). Across the project, one module registers
+budgets/hf/ imports transformers (BUDGETS_RULES); budgets/mixing/, each operator's math
+under both zoo and the captures, imports only torch, the standard library, budgets/budget.py
+and budgets/rank/, and zoo reads budgets through its public face and budgets/mixing/ alone
+(mixing_violations, zoo_into_budgets). Across the project, one module registers
 attention functions in transformers' global tables, budgets/hf/capture.py (registrations).
 (`import module` followed by `module._private` is not checked.) Each rule has a test that
 plants its violation in a small source tree and checks that the checker finds it.
@@ -29,6 +32,7 @@ plants its violation in a small source tree and checks that the checker finds it
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -544,6 +548,79 @@ def test_the_budgets_rule_finds_a_planted_transformers_import(tmp_path):
     bad = rule_violations(library_imports(plant(tmp_path, files), ("budgets",)), BUDGETS_RULES)
     assert [line.split(" (")[0] for line in bad] == [
         "budgets/metrics.py:10: budgets.metrics imports transformers.modeling_utils"]
+
+
+# ------------------------------------------------------------------ budgets/mixing/: the bottom
+
+# Each recurrent operator's math lives once in budgets/mixing/, and the zoo's kernels and
+# blocks import it as well as budgets' captures: it stands below both, so it reads torch and
+# budgets' rank primitives only (a capture or the zoo under it would make the math depend on
+# what it serves, and transformers would make the zoo need the hf extra)
+MIXING = "budgets.mixing"
+MIXING_MAY_IMPORT = (MIXING, "budgets.budget", "budgets.rank")  # dotted prefixes
+MIXING_LIBRARIES = ("torch",)  # beside Python's standard library
+# zoo reads budgets through its public face, `budgets`, and below it only budgets/mixing/
+
+
+def mixing_violations(root: Path, edges: list[Edge]) -> list[str]:
+    """One line per import by budgets/mixing/ of anything but torch, the standard library,
+    budgets/budget.py, budgets/rank/ and itself."""
+    bad = [f"{e.where}: {e.source} imports {e.target}" for e in edges
+           if _under(e.source, MIXING) and not any(_under(e.target, p) for p in MIXING_MAY_IMPORT)]
+    return bad + [f"{where}: {module} imports {name}"
+                  for module, name, where in library_imports(root, ("budgets",))
+                  if _under(module, MIXING) and name.split(".")[0] not in sys.stdlib_module_names
+                  and not any(_under(name, lib) for lib in MIXING_LIBRARIES)]
+
+
+def zoo_into_budgets(edges: list[Edge]) -> list[str]:
+    """One line per import by zoo of a budgets module other than the package itself (its
+    public face) and budgets/mixing/."""
+    return [f"{e.where}: {e.source} imports {e.target}" for e in edges
+            if _package(e.source) == "zoo" and _package(e.target) == "budgets"
+            and e.target != "budgets" and not _under(e.target, MIXING)]
+
+
+def test_budgets_mixing_imports_only_torch_and_the_rank_primitives(edges):
+    bad = mixing_violations(ROOT, edges)
+    if bad:
+        pytest.fail("budgets/mixing/ is the operators' math under zoo and the captures; it "
+                    "imports torch, budgets/budget.py and budgets/rank/ only:\n  "
+                    + "\n  ".join(bad), pytrace=False)
+
+
+def test_zoo_reads_budgets_through_its_face_and_budgets_mixing(edges):
+    # guards the rule against passing blind: the ssm block takes SSD's math from below
+    assert any(e.source == "zoo.ssm" and _under(e.target, MIXING) for e in edges)
+    bad = zoo_into_budgets(edges)
+    if bad:
+        pytest.fail("zoo imports budgets (its public face) and budgets/mixing/ only:\n  "
+                    + "\n  ".join(bad), pytrace=False)
+
+
+def test_the_mixing_rules_find_planted_imports(tmp_path):
+    ssd = ("from __future__ import annotations\nimport math\nimport torch.nn.functional\n"
+           "from ..budget import RankBudget\nfrom ..rank.factored import FactoredMixing\n"
+           "from . import conv\n"  # all of them allowed; the rest are not
+           "import numpy\nfrom ..hf.scans import ScanCall\nfrom .. import probe_model\n"
+           "def f():\n    import zoo.block\n    from transformers import PreTrainedModel\n")
+    files = {**CLEAN, "budgets/budget.py": "", "budgets/rank/__init__.py": "",
+             "budgets/rank/factored.py": "", "budgets/hf/__init__.py": "",
+             "budgets/hf/scans.py": "from ..mixing.ssd import ssd_mixing\n",
+             "budgets/mixing/__init__.py": "", "budgets/mixing/conv.py": "",
+             "budgets/mixing/ssd.py": ssd,
+             "zoo/ssm.py": "import budgets\nfrom budgets import RankBudget\n"
+                           "from budgets.mixing.ssd import ssd_mixing\n"
+                           "from budgets.hf.scans import ScanCall\n"}
+    root = plant(tmp_path, files)
+    edges = import_edges(root)
+    assert sorted(line.split(" (")[0] for line in mixing_violations(root, edges)) == [
+        "budgets/mixing/ssd.py:11: budgets.mixing.ssd imports zoo.block",
+        "budgets/mixing/ssd.py:12: budgets.mixing.ssd imports transformers",
+        "budgets/mixing/ssd.py:7: budgets.mixing.ssd imports numpy",
+        "budgets/mixing/ssd.py:8: budgets.mixing.ssd imports budgets.hf.scans",
+        "budgets/mixing/ssd.py:9: budgets.mixing.ssd imports budgets"]
+    assert zoo_into_budgets(edges) == ["zoo/ssm.py:4: zoo.ssm imports budgets.hf.scans"]
 
 
 # ------------------------------------------------------------------ transformers' registries

@@ -30,13 +30,13 @@ from torch import nn
 
 import budgets
 from budgets import RankBudget
+from budgets.mixing.ssd import ssd_caps, ssd_factors, ssd_mixing
 
 from .block import Block, CacheSlot, apply_linear, decode_step_backend
 from .config import StrictConfig, positive_int, positive_number, require
 from .facts import Check, Facts, Sizing
 from .ops.conv import CONV, ConvSpec
-from .ops.ssd import SSD, SSDSpec, ssd_mixing_matrix
-from .ops.ssd.reference import expand_groups
+from .ops.ssd import SSD, SSDSpec
 from .registry import register
 
 
@@ -229,28 +229,21 @@ class Mamba2(Block):
 
     def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
         """Each head's semiseparable matrix [B, H, T, T] (Mamba's "hidden attention",
-        Ali et al. 2024): M[t, s] = (C_t . B_s) exp(sum_{s<r<=t} dt_r A) dt_s for s <= t.
+        Ali et al. 2024): M[t, s] = (C_t . B_s) exp(sum_{s<r<=t} dt_r A) dt_s for s <= t,
+        from budgets/mixing/ssd.py, where the captures of Hugging Face scans read it too.
 
         The scan's output is M @ value_heads(x) per head; the block's output is rebuilt as
             y == self.readout(M @ self.value_heads(x), x)
         where readout adds the D skip term, gates with silu(z), normalizes and projects.
         """
-        _, _, dt, A, B, C, _ = self.project(x)
-        return ssd_mixing_matrix(dt, A, B, C)
+        _, _, dt, A, B, C, _ = self.project(x)  # dt [B, T, H], A [H], B and C [B, T, G, N]
+        return ssd_mixing(dt, A, B, C)  # [B, H, T, T]
 
     def _mixing_operator(self, x: torch.Tensor) -> budgets.FactoredMixing:
-        """For t >= h > s, M[t, s] = C_t exp(cum_t - cum_h') . B_s exp(cum_h' - cum_s) dt_s
-        with cum the running sum of dt A and h' = h - 1: both decays <= 1 (stable), and
-        the past->future block is their product, rank <= N."""
-        _, _, dt, A, B, C, _ = self.project(x)  # dt [B, T, H], B and C [B, T, G, N]
-        H, h = dt.shape[-1], x.shape[1] // 2
-        cum = (dt * A).cumsum(1).transpose(1, 2)  # [B, H, T]
-        Bh = expand_groups(B, H).transpose(1, 2)  # [B, H, T, N]
-        Ch = expand_groups(C, H).transpose(1, 2)
-        split = cum[..., h - 1:h]  # [B, H, 1]
-        L = Ch[..., h:, :] * torch.exp(cum[..., h:] - split).unsqueeze(-1)
-        w = torch.exp(split - cum[..., :h]) * dt.transpose(1, 2)[..., :h]  # [B, H, h]
-        return budgets.FactoredMixing(L, Bh[..., :h, :] * w.unsqueeze(-1))
+        """The past->future block's factors, each decay split at the last past token so
+        that neither grows (budgets/mixing/ssd.py): rank <= N."""
+        _, _, dt, A, B, C, _ = self.project(x)  # dt [B, T, H], A [H], B and C [B, T, G, N]
+        return ssd_factors(dt, A, B, C)  # [B, H, T - T/2, N] x [B, H, T/2, N]
 
     def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config
@@ -285,17 +278,11 @@ class Mamba2(Block):
         return {"state": cache.ssm_state}
 
     def _budget(self, seq_len: int) -> RankBudget:
+        """SSD's caps (budgets/mixing/ssd.py), with the short convolution's state cached
+        beside the SSM's and the FLOPs of the projections and the conv counted exactly."""
         c = self.config
-        H, P, N, G, D, T = c.n_heads, c.head_dim, c.d_state, c.n_groups, c.d_model, seq_len
-        return RankBudget(
-            block=self.kind, seq_len=T, n_heads=H,
-            mixing=min(N, T // 2),  # N-semiseparable: off-diagonal blocks rank <= N
-            logits=N,
-            value_path=min(D, c.d_inner),
-            inference=min(N, P),  # per head
-            params=self.param_count(),
-            cache_elements=H * P * N + c.conv_dim * (c.d_conv - 1),
-            # in/out projections, the conv, and per head the state update and read-out
-            flops_per_token=(2 * D * (2 * c.d_inner + 2 * G * N + H) + 2 * c.conv_dim * c.d_conv
-                             + 2 * c.d_inner * D + 6 * H * P * N),
-        )
+        H, N, G, D = c.n_heads, c.d_state, c.n_groups, c.d_model
+        outside = (2 * D * (2 * c.d_inner + 2 * G * N + H)  # in_proj
+                   + 2 * c.conv_dim * c.d_conv + 2 * c.d_inner * D)  # the conv, out_proj
+        return ssd_caps(self.kind, seq_len, D, H, c.head_dim, N, self.param_count(),
+                        conv_cache=c.conv_dim * (c.d_conv - 1), projection_flops=outside)

@@ -13,7 +13,9 @@ dt_limit), the scan computes y = M x + D x per head, where
 
     M[t, s] = C_t . B_s * exp(sum_{s < u <= t} A dt_u) * dt_s     (s <= t; 0 above)
 
-which ssd_mixing rebuilds exactly (in eval mode: no initial state). Mamba-1 mixers call
+which ssd_mixing rebuilds exactly (in eval mode: no initial state) through
+budgets/mixing/ssd.py, where this matrix, its past->future factors and its caps are written
+once. Mamba-1 mixers call
 `mamba_selective_scan(x, dt, A, B, C, D, z, delta_bias, delta_softplus, ...)` with x
 [B, Dc, T] and A [Dc, N] per channel and state entry: the call is held in the same form,
 each channel a head of width 1 whose decay is exp(A[c, n] sum dt) per state entry n, and
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..budget import RankBudget
+from ..mixing import ssd
 from ..rank.matfree import FactoredMixing
 
 SCAN_NAMES = ("mamba2_chunk_scan", "mamba_selective_scan")
@@ -95,33 +98,15 @@ def step_sizes(call: ScanCall) -> torch.Tensor:
     return dt.clamp(min=call.dt_limit[0], max=call.dt_limit[1])
 
 
+def scan_inputs(call: ScanCall) -> tuple[torch.Tensor, ...]:
+    """dt [B, T, Hs], A [Hs] or [Hs, N], B, C [B, T, Ng, N], all fp64: the scan's inputs as
+    budgets/mixing/ssd.py takes them (fp64, so that M rebuilds the fp32 scan's output)."""
+    return step_sizes(call), call.A.double(), call.B.double(), call.C.double()
+
+
 def ssd_mixing(call: ScanCall) -> torch.Tensor:
     """M [B, Hs, T, T] in fp64: y = M x + D x per head (module docstring)."""
-    dt = step_sizes(call).transpose(1, 2)  # [B, Hs, T]
-    rep = call.heads // call.groups
-    Bm = call.B.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
-    Cm = call.C.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
-    T = dt.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=dt.device).tril()
-    if call.A.dim() == 2:  # one decay per state entry: M summed over them
-        return _per_entry_mixing(call.A.double(), dt, Bm, Cm, causal)
-    cum = torch.cumsum(call.A.double()[None, :, None] * dt, dim=-1)  # [B, Hs, T]
-    decay = cum[..., :, None] - cum[..., None, :]  # sum over s < u <= t, [B, Hs, T, T]
-    decay = decay.masked_fill(~causal, float("-inf"))
-    return (Cm @ Bm.mT) * torch.exp(decay) * dt[..., None, :]  # [B, Hs, T, T]
-
-
-def _per_entry_mixing(A: torch.Tensor, dt: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
-                      causal: torch.Tensor) -> torch.Tensor:
-    """M [B, Hs, T, T] = sum_n C_t[n] B_s[n] exp(A[h, n] sum_{s<u<=t} dt_u) dt_s, for A
-    [Hs, N] (dt [B, Hs, T], B and C [B, Hs, T, N])."""
-    cum = torch.cumsum(dt, dim=-1)  # [B, Hs, T]
-    gap = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("inf"))
-    M = torch.zeros_like(gap)
-    for n in range(A.shape[-1]):
-        decay = torch.exp(A[None, :, n, None, None] * gap)  # [B, Hs, T, T], 0 above
-        M += Cm[..., n, None] * Bm[..., None, :, n] * decay
-    return M * dt[..., None, :]
+    return ssd.ssd_mixing(*scan_inputs(call))
 
 
 def rebuild(call: ScanCall) -> torch.Tensor:
@@ -136,30 +121,14 @@ def rebuild(call: ScanCall) -> torch.Tensor:
 
 def ssd_budget(call: ScanCall, seq_len: int, d_model: int, params: int,
                block: str) -> RankBudget:
-    """One SSD mixer's caps as zoo's ssm block declares them: per head, M's past->future
-    block has rank <= N (N-semiseparable), the state min(N, P) per head."""
-    Hs, P, N = call.heads, call.x.shape[-1], call.state
-    return RankBudget(block=block, seq_len=seq_len, n_heads=Hs, mixing=min(N, seq_len // 2),
-                      logits=N, value_path=min(d_model, Hs * P), inference=min(N, P),
-                      params=params, cache_elements=Hs * P * N,
-                      flops_per_token=2 * params + 6 * Hs * P * N)
+    """One SSD mixer's caps as zoo's ssm block declares them (budgets/mixing/ssd.py)."""
+    return ssd.ssd_caps(block, seq_len, d_model, call.heads, call.x.shape[-1], call.state,
+                        params)
 
 
 def factored_mixing(call: ScanCall) -> FactoredMixing:
-    """M's past->future block as L R^T [B, Hs, T - T/2, N] x [B, Hs, T/2, N] (fp32), the
-    decay split at the last past token so that neither factor overflows."""
-    dt = step_sizes(call).transpose(1, 2)  # [B, Hs, T]
-    rep = call.heads // call.groups
-    Bm = call.B.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
-    Cm = call.C.double().repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hs, T, N]
-    A = call.A.double()
-    A = (A if A.dim() == 2 else A[:, None].expand(-1, call.state))[None, :, None, :]  # [1,Hs,1,N]
-    cum = torch.cumsum(dt, dim=-1)[..., None]  # [B, Hs, T, 1]
-    h = dt.shape[-1] // 2
-    pivot = cum[..., h - 1:h, :]  # [B, Hs, 1, 1]
-    L = Cm[..., h:, :] * torch.exp(A * (cum[..., h:, :] - pivot))
-    R = Bm[..., :h, :] * torch.exp(A * (pivot - cum[..., :h, :])) * dt[..., :h, None]
-    return FactoredMixing(L.float(), R.float())
+    """M's past->future block as L R^T [B, Hs, T - T/2, N] x [B, Hs, T/2, N] (fp32)."""
+    return ssd.ssd_factors(*scan_inputs(call))
 
 
 def ssd_kind(call: ScanCall, moe: bool) -> dict:

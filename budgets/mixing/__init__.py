@@ -3,6 +3,8 @@ past->future factors (budgets/rank/factored.py's FactoredMixing) and its declare
 zoo's reference kernels, its blocks and the capture of Hugging Face layers import it; none
 re-derives it. One module per operator:
 
+    ssd.py         an SSD scan (Mamba-2; Mamba-1's selective scan, one decay per state
+                   entry): N-semiseparable, past->future rank <= N
     conv.py        a gated short convolution (lfm2): banded, past->future rank <= L - 1
     recurrence.py  a diagonal linear recurrence (RG-LRU): past->future rank <= 1 per channel
     lightning.py   linear attention under a constant per-head decay (MiniMax): rank <= K
