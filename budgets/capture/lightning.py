@@ -5,11 +5,13 @@ attention): q, k, v per head and the decay rate, as the module's forward compute
     M = call.exact()                               # [B, H, T, T] fp64
     y = call.readout(M @ call.values())            # what the module returned
 
-A Mixer (budgets/capture/mixer.py): M, its past->future factors and caps from
-budgets/mixing/lightning.py. `readout` applies what the module applies after mixing (its
-norm, its sigmoid output gate on the layer's input, out_proj), each through the module's
-own submodules, so that M is checked against the module's output itself. Nothing here
-imports transformers; budgets/hf/hooked.py fills it.
+Its mixing M[t, s] = q_t . k_s exp(-slope (t - s)) is an SSD scan's with every step dt = 1,
+A = -slope, B = k and C = q (one group per head), so M, its past->future factors (rank
+<= K) and its caps (state K x V per head, as zoo's linear block declares them with F = K)
+are budgets/mixing/ssd.py's, not derived again here. `readout` applies what the module
+applies after mixing (its norm, its sigmoid output gate on the layer's input, out_proj),
+each through the module's own submodules, so that M is checked against the module's
+output itself. Nothing here imports transformers; budgets/hf/hooked.py fills it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from torch import nn
 
 from ..budget import RankBudget
-from ..mixing.lightning import decayed_caps, decayed_factors, decayed_mixing
+from ..mixing.ssd import ssd_caps, ssd_factors, ssd_mixing
 from ..rank.factored import FactoredMixing
 from .channels import linear_kind
 
@@ -46,15 +48,22 @@ class LightningCall:
         K = self.q.shape[-1]
         return linear_kind("lightning", f"lightning K={K}", moe, state=K)
 
+    def _scan(self) -> tuple[torch.Tensor, ...]:
+        """(dt, A, B, C) of the SSD scan computing the same mixing, fp64: dt [B, T, H] = 1,
+        A [H] = -slope, B = k and C = q [B, T, H, K]."""
+        q, k = (t.double().transpose(1, 2) for t in (self.q, self.k))  # [B, T, H, K]
+        return torch.ones(q.shape[:3], dtype=q.dtype, device=q.device), \
+            -self.slope.double(), k, q
+
     def exact(self) -> torch.Tensor:
-        return decayed_mixing(self.q, self.k, self.slope)  # [B, H, T, T] fp64
+        return ssd_mixing(*self._scan())  # [B, H, T, T] fp64
 
     def operator(self) -> FactoredMixing:
-        return decayed_factors(self.q, self.k, self.slope)
+        return ssd_factors(*self._scan())
 
     def caps(self, seq_len: int, d_model: int, params: int, block: str) -> RankBudget:
         _, H, _, K = self.q.shape
-        return decayed_caps(block, seq_len, d_model, H, K, self.v.shape[-1], params)
+        return ssd_caps(block, seq_len, d_model, H, self.v.shape[-1], K, params)
 
     def values(self) -> torch.Tensor:
         return self.v.double()  # [B, H, T, V]

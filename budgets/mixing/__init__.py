@@ -4,8 +4,9 @@ zoo's reference kernels, its blocks and the capture of Hugging Face layers impor
 re-derives it. One module per operator:
 
     ssd.py         an SSD scan (Mamba-2; Mamba-1's selective scan, one decay per state
-                   entry): N-semiseparable, past->future rank <= N
+                   entry; MiniMax's lightning attention, every step 1): N-semiseparable,
+                   past->future rank <= N
+    delta.py       the delta rule (DeltaNet, Gated DeltaNet, KDA): past->future rank <= K
     conv.py        a gated short convolution (lfm2): banded, past->future rank <= L - 1
     recurrence.py  a diagonal linear recurrence (RG-LRU): past->future rank <= 1 per channel
-    lightning.py   linear attention under a constant per-head decay (MiniMax): rank <= K
 """

@@ -20,35 +20,27 @@ import torch
 
 from ..budget import RankBudget
 from ..rank.factored import FactoredMixing
-
-
-def _segments(log_a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cumulative log decay with resets counted as 0, the segment index between resets),
-    each [B, Ch, T]: a product crossing a reset is cut by comparing segments, never by
-    subtracting infinities."""
-    log_a = log_a.double()
-    reset = torch.isneginf(log_a)
-    return torch.cumsum(log_a.masked_fill(reset, 0.0), -1), torch.cumsum(reset.long(), -1)
+from .ssd import segsum
 
 
 def recurrence_mixing(log_a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """M [B, Ch, T, T] in fp64 from the log decay and input scale b, both [B, Ch, T]."""
-    cum, seg = _segments(log_a)
-    T = cum.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=cum.device).tril()
-    live = causal & (seg[..., :, None] == seg[..., None, :])  # [B, Ch, T, T]
-    gap = (cum[..., :, None] - cum[..., None, :]).masked_fill(~live, float("-inf"))
-    return torch.exp(gap) * b.double()[..., None, :]  # [B, Ch, T, T]
+    """M [B, Ch, T, T] in fp64 from the log decay and input scale b, both [B, Ch, T]: the
+    decay is SSD's segment sum (budgets/mixing/ssd.py segsum), in which a reset's -inf
+    zeroes every product across it and no difference of running sums cancels."""
+    return torch.exp(segsum(log_a.double())) * b.double()[..., None, :]  # [B, Ch, T, T]
 
 
 def recurrence_factors(log_a: torch.Tensor, b: torch.Tensor) -> FactoredMixing:
     """M's past->future block as L R^T, [B, Ch, T - T/2, 1] x [B, Ch, T/2, 1] (fp32), the
-    decay split at the last past token h - 1 so that both factors are at most 1 (times b)."""
-    cum, seg = _segments(log_a)
-    h = cum.shape[-1] // 2
-    pivot, where = cum[..., h - 1:h], seg[..., h - 1:h]  # [B, Ch, 1]
-    L = torch.exp(cum[..., h:] - pivot) * (seg[..., h:] == where)  # [B, Ch, T - h]
-    R = torch.exp(pivot - cum[..., :h]) * (seg[..., :h] == where) * b.double()[..., :h]
+    decay split at the last past token h - 1, each side summed over its own segment (from
+    h on, and back from h - 1), so that both factors are at most 1 (times b)."""
+    log_a = log_a.double()
+    h = log_a.shape[-1] // 2
+    ahead = log_a[..., h:].cumsum(-1)  # sum over h <= u <= t, [B, Ch, T - h]
+    back = log_a[..., 1:h].flip(-1).cumsum(-1).flip(-1)  # sum over s < u <= h - 1
+    back = torch.cat([back, torch.zeros_like(log_a[..., :1])], -1)  # s = h - 1: 0, [B, Ch, h]
+    L = torch.exp(ahead)
+    R = torch.exp(back) * b.double()[..., :h]
     return FactoredMixing(L[..., None].float(), R[..., None].float())
 
 
