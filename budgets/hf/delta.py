@@ -24,14 +24,13 @@ imports transformers.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ..capture.delta import DeltaCall
-from ..capture.running import running
+from ..capture.running import running, wrapped_functions
 
 CHUNK_NAMES = ("torch_chunk_gated_delta_rule", "chunk_kimi_delta_attention")
 ARGS = ("query", "key", "value", "g", "beta", "chunk_size", "initial_state",
@@ -81,9 +80,8 @@ def capture_delta(model: nn.Module, on_call: Callable[[DeltaCall], None]):
     originals are restored after."""
     calls: list[DeltaCall] = []
     stack: list[nn.Module] = []
-    saved = []
 
-    def wrap(fn):
+    def wrap(fn, attr: str):
         def chunk(*args, **kwargs):
             out = fn(*args, **kwargs)
             got = dict(zip(ARGS, args, strict=False)) | kwargs
@@ -96,15 +94,5 @@ def capture_delta(model: nn.Module, on_call: Callable[[DeltaCall], None]):
             return out
         return chunk
 
-    for name in dict.fromkeys(type(m).__module__ for m in model.modules()):
-        module = sys.modules.get(name)
-        for attr in CHUNK_NAMES:
-            if module is not None and callable(getattr(module, attr, None)):
-                saved.append((module, attr, getattr(module, attr)))
-                setattr(module, attr, wrap(getattr(module, attr)))
-    try:
-        with running(model, stack):
-            yield calls
-    finally:
-        for module, attr, fn in reversed(saved):
-            setattr(module, attr, fn)
+    with running(model, stack), wrapped_functions(model, CHUNK_NAMES, wrap):
+        yield calls

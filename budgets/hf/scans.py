@@ -25,7 +25,6 @@ the scan's output gated by silu(z). Nothing here imports transformers.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..budget import RankBudget
+from ..capture.running import running, wrapped_functions
 from ..mixing import ssd
 from ..rank.matfree import FactoredMixing
 
@@ -175,31 +175,11 @@ def _detached(t):
 
 
 @contextlib.contextmanager
-def _running(model: nn.Module, stack: list):
-    """`stack` holds the modules whose forward is running, innermost last."""
-    def enter(module, args):
-        stack.append(module)
-
-    def leave(module, args, out):
-        if stack and stack[-1] is module:
-            stack.pop()
-
-    handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(enter),
-                                                     m.register_forward_hook(leave))]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@contextlib.contextmanager
 def capture_scans(model: nn.Module, on_scan: Callable[[ScanCall], None]):
     """Inside, every SSD scan of `model` runs as before, its ScanCall (output included)
     passed to on_scan; yields the list of calls made. The originals are restored after."""
     calls: list[ScanCall] = []
     stack: list[nn.Module] = []
-    saved = []
 
     def wrap(fn, attr: str):
         held, output = SCANS[attr]
@@ -215,15 +195,5 @@ def capture_scans(model: nn.Module, on_scan: Callable[[ScanCall], None]):
             return out
         return scan
 
-    for name in dict.fromkeys(type(m).__module__ for m in model.modules()):
-        module = sys.modules.get(name)
-        for attr in SCAN_NAMES:
-            if module is not None and callable(getattr(module, attr, None)):
-                saved.append((module, attr, getattr(module, attr)))
-                setattr(module, attr, wrap(getattr(module, attr), attr))
-    try:
-        with _running(model, stack):
-            yield calls
-    finally:
-        for module, attr, fn in reversed(saved):
-            setattr(module, attr, fn)
+    with running(model, stack), wrapped_functions(model, SCAN_NAMES, wrap):
+        yield calls
