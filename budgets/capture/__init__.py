@@ -5,7 +5,12 @@
                    probabilities, row_blocks), a block of query rows at a time
     rope.py        keys and queries before RoPE, from the modeling module's rotary function
     out_proj.py    W_O: the linear whose input is the attention output (projection_weight)
-    running.py     the stack of running modules: which module made a function call
+    running.py     the stack of running modules (which module made a function call) and
+                   the wrapper of a modeling module's own functions for the duration
+    projections.py each attention layer's W_Q, W_K, W_V rows, found by watching a forward
+    sdpa.py        any model's F.scaled_dot_product_attention calls, a source of its own
+    scan.py        ScanCall: one Mamba-2 chunk scan or Mamba-1 selective scan
+    delta.py       DeltaCall: one delta-rule chunk call (Gated DeltaNet, KDA)
     mixer.py       Mixer, the protocol every call type implements (kind, exact mixing,
                    matrix-free operator, caps, release)
     channels.py    ConvCall (a gated short convolution) and RecurrenceCall (a diagonal

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from ..capture.projections import DISCOVERY_TOKENS, LayerMap, discover
+from ..capture.scan import ScanCall
 from ..probe.blocks import (
     MATFREE_FROM,
     ProbeProgress,
@@ -64,7 +65,7 @@ from .capture import capture
 from .delta import capture_delta
 from .eager import probe_eager
 from .hooked import capture_hooked
-from .scans import ScanCall, capture_scans
+from .scans import capture_scans
 from .unmeasured import unmeasured_mixers, unmeasured_text
 
 

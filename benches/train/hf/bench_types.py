@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from budgets.capture.scan import rebuild
 from budgets.hf.capture import capture
 from budgets.hf.probe import build_hf_report
-from budgets.hf.scans import capture_scans, rebuild
+from budgets.hf.scans import capture_scans
 from tests.hf_tiny import TINY, VOCAB, tiny_model
 from train.hf.model_dir import import_transformers, quiet
 from train.hf.probe import probe_hf, zoo_blocks

@@ -17,15 +17,15 @@ if not hasattr(pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
                 "mamba2_chunk_scan / mamba_selective_scan (transformers >= 5.15 do)",
                 allow_module_level=True)
 
-from budgets.hf.probe import probe_hf_model  # noqa: E402
-from budgets.hf.scans import (  # noqa: E402
+from budgets.capture.scan import (  # noqa: E402
     ScanCall,
-    capture_scans,
     factored_mixing,
     rebuild,
     ssd_mixing,
     step_sizes,
 )
+from budgets.hf.probe import probe_hf_model  # noqa: E402
+from budgets.hf.scans import capture_scans  # noqa: E402
 from tests.hf_tiny import SSM_TYPES, VOCAB, tiny_model  # noqa: E402
 
 B, T = 2, 40  # T not a multiple of the 16-token chunks: the scan pads

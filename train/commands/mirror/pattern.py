@@ -29,8 +29,8 @@ LAYER_INDEX = re.compile(r"(?:^|[. ])(\d+)(?=\.|$)")
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One decoder layer's mixer as the probe saw it: its kind (budgets/hf/probe.py
-    kind_of, budgets/hf/scans.py ssd_kind) and its heads."""
+    """One decoder layer's mixer as the probe saw it: its kind (budgets/capture/attention.py
+    AttentionCall.kind, budgets/capture/scan.py ssd_kind) and its heads."""
 
     layer: int
     name: str
