@@ -15,15 +15,18 @@ from . import mla  # noqa: F401
 from . import moe  # noqa: F401
 from . import linear  # noqa: F401
 from . import ssm  # noqa: F401
+from . import delta  # noqa: F401
 from .block import Block
 from .ops.attention import ATTENTION
 from .ops.conv import CONV
+from .ops.delta import DELTA
 from .ops.linear_attn import LINEAR_ATTN
 from .ops.ssd import SSD
 from .facts import Facts
 from .registry import block_class, build, families, facts_of, names, register
 
-OPS = {"attention": ATTENTION, "linear_attn": LINEAR_ATTN, "ssd": SSD, "causal_conv": CONV}
+OPS = {"attention": ATTENTION, "linear_attn": LINEAR_ATTN, "ssd": SSD, "delta": DELTA,
+       "causal_conv": CONV}
 
 
 def backends_available() -> dict[str, dict[str, str | None]]:

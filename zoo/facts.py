@@ -26,8 +26,9 @@ Values = Callable[[dict, int, int], Iterable[int]]
 # what a block keeps for decoding, as compress projects it: keys and values per KV head,
 # a latent per token (MLA), or a fixed-size recurrent state (linear attention, SSMs)
 CACHE_KINDS = ("kv", "latent", "state")
-# the layer kinds of a Hugging Face report's per-kind table (budgets/report/kinds.py)
-HF_KINDS = ("global", "sliding", "ssm")
+# the layer kinds of a Hugging Face report's per-kind table (budgets/report/kinds.py); delta:
+# Gated DeltaNet's and KDA's layers (their math: budgets/mixing/delta.py)
+HF_KINDS = ("global", "sliding", "ssm", "delta")
 
 
 def divisors(n: int) -> list[int]:

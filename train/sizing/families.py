@@ -24,7 +24,8 @@ from zoo.facts import Sizing
 
 FEATURE_MAP_TAGS = {"taylor": "Taylor"}
 # config keys whose resolved value is a property of the config (None: the default)
-RESOLVED = {"n_kv_heads": "kv_heads", "feature_dim": "k_dim", "kv_lora_rank": "latent"}
+RESOLVED = {"n_kv_heads": "kv_heads", "feature_dim": "k_dim", "kv_lora_rank": "latent",
+            "key_dim": "k_dim"}
 
 
 def sizing_table() -> dict[str, Sizing]:
@@ -103,13 +104,15 @@ SHAPES: dict[str, Callable[[int, int], list[Shape]]] = {
     "moe": lambda d_model, n_heads: [Shape("moe", tag=f"E={n_heads}")],
     "linear": _feature_maps,
     "ssm": lambda d_model, n_heads: [Shape("ssm", tag="Mamba-2")],
+    "delta": lambda d_model, n_heads: [Shape("delta", (("gate", "scalar"),), "GDN")],
 }
 
 
 def shapes(d_model: int, n_heads: int) -> list[Shape]:
     """Every shape pick sizes at these widths, the registered families in listing order:
     softmax (G sized), sliding windows at the softmax presets' G, MLA, MoE, linear
-    attention with each preset's feature map, Mamba-2, and a new block as itself."""
+    attention with each preset's feature map, Mamba-2, Gated DeltaNet, and a new block as
+    itself."""
     out = []
     for name in zoo.families():
         make = SHAPES.get(name)

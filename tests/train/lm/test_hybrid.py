@@ -20,6 +20,7 @@ KNOBS = {
     "ssm": {"n_heads": 4, "d_state": 6, "n_groups": 2, "chunk_size": 8},
     "mla": {"n_heads": 4, "kv_lora_rank": 6},
     "moe": {"n_heads": 4, "top_k": 2},
+    "delta": {"n_heads": 4, "key_dim": 6, "chunk_size": 8},
 }
 PAIRS = list(itertools.combinations(zoo.families(), 2))
 

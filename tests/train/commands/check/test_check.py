@@ -110,8 +110,9 @@ def test_emit_check_writes_a_matched_experiment_and_keeps_what_exists(trained, t
     path = tmp_path / "check.yaml"
     raw = emit_check(report, trained, path)
     exp = load_experiment(path)
-    assert list(exp.variants) == ["mha", "mha.linear_f3", "mha.ssm_n3"]  # listing order
+    assert list(exp.variants) == ["mha", "mha.linear_f3", "mha.ssm_n3", "mha.delta_k3"]
     assert exp.variant_config("mha.ssm_n3")["block"]["d_state"] == 3
+    assert exp.variant_config("mha.delta_k3")["block"]["key_dim"] == 3
     assert exp.variant_config("mha.linear_f3")["block"]["feature_dim"] == 3
     assert exp.match.params and exp.data.seq_len == 16 and raw["name"] == "check"
     # the record is a key, kept from the file to each run's config and back to YAML
@@ -151,7 +152,7 @@ def test_emitted_check_trains_and_its_report_gives_the_verdict(trained, tmp_path
     checked = load_run(tmp_path / "runs" / "check")
     items = attach_checks(checked, recorded_checks(tmp_path / "runs" / "check"))
     assert [(c["candidate"], c["block"], c["state"]) for c in items] == [
-        ("mha.linear_f2", "linear", 2), ("mha.ssm_n2", "ssm", 2)]
+        ("mha.linear_f2", "linear", 2), ("mha.ssm_n2", "ssm", 2), ("mha.delta_k2", "delta", 2)]
     metrics = {v["variant"]: v["metrics"] for v in checked["variants"]}
     for c in items:  # the verdict, recomputed from the runs' own metrics
         a, b = metrics["mha"], metrics[c["candidate"]]
@@ -216,7 +217,7 @@ def test_a_bad_check_key_is_a_located_config_error(tiny_yaml, capsys, check, mes
 def test_only_a_fixed_state_block_checks_cheaper_block_advice(tiny_yaml):
     path = tiny_yaml(variants={"mqa": {"block": "softmax", "n_kv_heads": 1, "check": CHECK}})
     with pytest.raises(ValueError, match=r"a softmax block cannot check cheaper_block advice "
-                                         r"\(the blocks that do: linear, ssm\)"):
+                                         r"\(the blocks that do: linear, ssm, delta\)"):
         load_experiment(path)
 
 

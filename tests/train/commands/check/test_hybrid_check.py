@@ -44,7 +44,7 @@ def test_emit_check_writes_the_hybrid_beside_the_original(tmp_path, capsys, orig
     path = tmp_path / "check.yaml"
     emit_check(report, run, path)
     exp = load_experiment(path)
-    assert list(exp.variants) == ["mha", "mha.l0_linear_f2", "mha.l0_ssm_n2"]
+    assert list(exp.variants) == ["mha", "mha.l0_linear_f2", "mha.l0_ssm_n2", "mha.l0_delta_k2"]
     ssm = exp.variant_config("mha.l0_ssm_n2")
     assert layer_names(ssm) == [("ssm", {"d_state": 2, "n_heads": 2}), kept]
     linear = layer_names(exp.variant_config("mha.l0_linear_f2"))
@@ -123,7 +123,7 @@ SSM_LAYER = [{"block": "softmax"}, {"block": "ssm", "d_state": 2}]
      "variants.cheap.check.layers must be a non-empty ascending list of layer indices"),
     ({"layers": SSM_LAYER, "check": {**HYBRID_CHECK, "layers": [0]}},
      "variants.cheap.check.layers [0] hold softmax: the swapped layers hold one block that "
-     "checks it (linear, ssm)"),
+     "checks it (linear, ssm, delta)"),
     ({"layers": [{"block": "ssm", "d_state": 2}] * 2, "check": {**HYBRID_CHECK,
                                                                 "layers": [0, 1]}},
      "variants.cheap.check.layers [0, 1]: some but not all"),

@@ -52,7 +52,7 @@ def test_cheap_layers_get_what_the_global_layers_leave():
 
 def test_only_cheap_families_fill_the_gaps():
     blocks = {h.cheap.shape.block for h in size_hybrids(C64, Hybrids())}
-    assert blocks == {"sliding_window", "linear", "ssm"}
+    assert blocks == {"sliding_window", "linear", "ssm", "delta"}
 
 
 def test_params_and_flops_budgets_bind_the_cheap_layers_too():

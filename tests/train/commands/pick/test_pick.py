@@ -129,7 +129,8 @@ def test_families_over_budget_are_listed_with_their_smallest():
     assert over["mla"]["smallest"] == {**over["mla"]["smallest"], "value": 1,
                                        "cache_bytes": 1024 * 9}
     assert "9 KiB of cache > 8 KiB" in over["mla"]["reason"]
-    assert {r["family"] for r in doc["candidates"]} == {"sliding_window", "linear", "ssm"}
+    assert {r["family"] for r in doc["candidates"]} == {"sliding_window", "linear", "ssm",
+                                                         "delta"}
 
 
 def test_params_and_flops_that_nothing_meets():
@@ -200,7 +201,7 @@ def test_emit_is_accepted_by_train_dry_run(tmp_path, capsys):
     raw = yaml.safe_load(path.read_text())
     assert raw["data"]["task"] == "mqar" and raw["data"]["num_kv_pairs"] == 8
     assert raw["data"]["seq_len"] == 256 and raw["match"]["params"] is True
-    assert len(raw["variants"]) == 6
+    assert len(raw["variants"]) == 7
     assert raw["variants"]["sliding_window_mqa_w64"] == {"block": "sliding_window",
                                                         "n_kv_heads": 1, "window": 64}
     assert main(["train", str(path), "--dry-run", "--format", "json"]) == 0
@@ -339,7 +340,8 @@ def test_shapes_that_cannot_be_built_are_listed_with_the_reason():
     reasons = {r["label"]: r["reason"] for r in doc["infeasible"]}
     assert "RoPE needs an even head_dim, got 1" in reasons["softmax"]
     assert "RoPE needs an even head_dim, got 1" in reasons["sliding_window (MQA)"]
-    assert {r["family"] for r in doc["candidates"]} - {"hybrid"} == {"linear", "ssm", "mla"}
+    assert {r["family"] for r in doc["candidates"]} - {"hybrid"} == {"linear", "ssm", "mla",
+                                                                     "delta"}
     # hybrids only with the global layers that build here: MLA, never softmax
     globals_ = {r["layers"][1]["block"] for r in doc["candidates"] if r["family"] == "hybrid"}
     assert globals_ == {"mla"}
