@@ -27,7 +27,6 @@ torch's conv1d, or causal-conv1d's kernel on CUDA when installed.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,11 +39,12 @@ from budgets import RankBudget
 from budgets.mixing.delta import delta_caps, delta_factors, delta_mixing
 
 from .block import Block, CacheSlot, apply_linear, decode_step_backend
-from .config import StrictConfig, positive_int, positive_number, require
+from .config import StrictConfig, positive_int, require
 from .facts import Check, Facts, Sizing
 from .ops.conv import CONV, ConvSpec
 from .ops.delta import DELTA, DeltaSpec
 from .registry import register
+from .ssm import check_decay_init, decay_init
 
 GATES = {"none": "DeltaNet", "scalar": "GDN", "channel": "KDA"}
 OUTPUT_GATES = ("silu", "sigmoid", "none")
@@ -91,13 +91,7 @@ class DeltaConfig(StrictConfig):
                 f"n_v_heads ({self.n_v_heads}) must be a multiple of n_heads ({self.n_heads})")
         require(self.d_conv >= 2, f"d_conv ({self.d_conv}) must be at least 2: the short "
                                   f"convolution reads the current token and the ones before")
-        positive_number(self.owner, dt_min=self.dt_min, dt_max=self.dt_max,
-                        dt_init_floor=self.dt_init_floor, a_init_min=self.a_init_min,
-                        a_init_max=self.a_init_max, norm_eps=self.norm_eps)
-        require(self.dt_min <= self.dt_max,
-                f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
-        require(self.a_init_min <= self.a_init_max,
-                f"a_init_min ({self.a_init_min}) must not exceed a_init_max ({self.a_init_max})")
+        check_decay_init(self)
         DELTA.check(self.backend)
         CONV.check(self.conv_backend)
 
@@ -131,13 +125,6 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2_EPS)
 
 
-def inverse_softplus_steps(c: DeltaConfig, n: int) -> torch.Tensor:
-    """n biases whose softplus is log-uniform in [dt_min, dt_max] (Mamba-2's and GDN's)."""
-    dt = torch.exp(torch.rand(n) * (math.log(c.dt_max) - math.log(c.dt_min))
-                   + math.log(c.dt_min)).clamp(min=c.dt_init_floor)
-    return dt + torch.log(-torch.expm1(-dt))
-
-
 @register("delta")
 class DeltaRule(Block):
     Config = DeltaConfig
@@ -169,9 +156,8 @@ class DeltaRule(Block):
         if c.gate != "none":
             # GDN's initialization for both gates (Kimi starts dt_bias at zero)
             width = Hv if c.gate == "scalar" else Hv * K
-            self.dt_bias = nn.Parameter(inverse_softplus_steps(c, width))
-            self.A_log = nn.Parameter(torch.log(torch.empty(Hv).uniform_(c.a_init_min,
-                                                                         c.a_init_max)))
+            dt_bias, A_log = decay_init(c, width, Hv)
+            self.dt_bias, self.A_log = nn.Parameter(dt_bias), nn.Parameter(A_log)
         if c.output_gate != "none":
             self.g_proj = nn.Linear(D, Hv * V, bias=False)
         self.norm_weight = nn.Parameter(torch.ones(V))

@@ -71,13 +71,7 @@ class SSMConfig(StrictConfig):
                 f"({self.expand} * {self.d_model} = {self.d_inner})")
         require(self.n_heads % self.n_groups == 0,
                 f"n_groups ({self.n_groups}) must divide n_heads ({self.n_heads})")
-        positive_number(self.owner, dt_min=self.dt_min, dt_max=self.dt_max,
-                        dt_init_floor=self.dt_init_floor, a_init_min=self.a_init_min,
-                        a_init_max=self.a_init_max, norm_eps=self.norm_eps)
-        require(self.dt_min <= self.dt_max,
-                f"dt_min ({self.dt_min}) must not exceed dt_max ({self.dt_max})")
-        require(self.a_init_min <= self.a_init_max,
-                f"a_init_min ({self.a_init_min}) must not exceed a_init_max ({self.a_init_max})")
+        check_decay_init(self)
         SSD.check(self.backend)
         CONV.check(self.conv_backend)
 
@@ -103,6 +97,26 @@ class SSMCache:
     length: int = 0
 
 
+def check_decay_init(c) -> None:
+    """The decay initialization's settings (dt_min, dt_max, dt_init_floor, a_init_min,
+    a_init_max, norm_eps) of a block with Mamba-2's decay: ssm, and delta's gates."""
+    positive_number(c.owner, dt_min=c.dt_min, dt_max=c.dt_max,
+                    dt_init_floor=c.dt_init_floor, a_init_min=c.a_init_min,
+                    a_init_max=c.a_init_max, norm_eps=c.norm_eps)
+    require(c.dt_min <= c.dt_max, f"dt_min ({c.dt_min}) must not exceed dt_max ({c.dt_max})")
+    require(c.a_init_min <= c.a_init_max,
+            f"a_init_min ({c.a_init_min}) must not exceed a_init_max ({c.a_init_max})")
+
+
+def decay_init(c, n_dt: int, n_a: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dt_bias [n_dt], A_log [n_a]), Mamba-2's initialization: dt log-uniform in
+    [dt_min, dt_max] through the inverse softplus, -A uniform in [a_init_min, a_init_max]."""
+    dt = torch.exp(torch.rand(n_dt) * (math.log(c.dt_max) - math.log(c.dt_min))
+                   + math.log(c.dt_min)).clamp(min=c.dt_init_floor)
+    A_log = torch.log(torch.empty(n_a).uniform_(c.a_init_min, c.a_init_max))
+    return dt + torch.log(-torch.expm1(-dt)), A_log
+
+
 @register("ssm")
 class Mamba2(Block):
     Config = SSMConfig
@@ -123,13 +137,8 @@ class Mamba2(Block):
         self.in_proj = nn.Linear(c.d_model, 2 * c.d_inner + 2 * G * N + H, bias=c.bias)
         self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, c.d_conv, groups=c.conv_dim,
                                 bias=c.conv_bias)
-        # Mamba-2's initialization: dt log-uniform in [dt_min, dt_max] through the inverse
-        # softplus, -A uniform in [a_init_min, a_init_max], D = 1.
-        dt = torch.exp(torch.rand(H) * (math.log(c.dt_max) - math.log(c.dt_min))
-                       + math.log(c.dt_min)).clamp(min=c.dt_init_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # [H]
-        self.A_log = nn.Parameter(torch.log(torch.empty(H).uniform_(c.a_init_min,
-                                                                    c.a_init_max)))  # [H]
+        dt_bias, A_log = decay_init(c, H, H)  # Mamba-2's; D = 1
+        self.dt_bias, self.A_log = nn.Parameter(dt_bias), nn.Parameter(A_log)  # [H] each
         self.D = nn.Parameter(torch.ones(H))  # [H]
         self.norm_weight = nn.Parameter(torch.ones(c.d_inner))
         self.out_proj = nn.Linear(c.d_inner, c.d_model, bias=c.bias)
