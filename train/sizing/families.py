@@ -98,20 +98,32 @@ def _feature_maps(d_model: int, n_heads: int) -> list[Shape]:
     return out
 
 
+def _delta_rules(d_model: int, n_heads: int) -> list[Shape]:
+    """The delta rule with a gate: Gated DeltaNet (one decay per head, as Qwen3-Next's
+    linear layers) and KDA (one per key channel, as Kimi Linear's). Plain DeltaNet is left
+    out: it caches what GDN does and forgets nothing, so pick has nothing to weigh it by."""
+    out = []
+    for name, kwargs in zoo.block_class("delta").variants(d_model, n_heads):
+        if kwargs.get("gate", "none") != "none":
+            out.append(Shape("delta", tuple(sorted(kwargs.items())),
+                             name.split("(")[-1].rstrip(")")))
+    return out
+
+
 # the families pick sizes in more than one shape, or tags; any other is one untagged shape
 SHAPES: dict[str, Callable[[int, int], list[Shape]]] = {
     "sliding_window": _windows,
     "moe": lambda d_model, n_heads: [Shape("moe", tag=f"E={n_heads}")],
     "linear": _feature_maps,
     "ssm": lambda d_model, n_heads: [Shape("ssm", tag="Mamba-2")],
-    "delta": lambda d_model, n_heads: [Shape("delta", (("gate", "scalar"),), "GDN")],
+    "delta": lambda d_model, n_heads: _delta_rules(d_model, n_heads),
 }
 
 
 def shapes(d_model: int, n_heads: int) -> list[Shape]:
     """Every shape pick sizes at these widths, the registered families in listing order:
     softmax (G sized), sliding windows at the softmax presets' G, MLA, MoE, linear
-    attention with each preset's feature map, Mamba-2, Gated DeltaNet, and a new block as
+    attention with each preset's feature map, Mamba-2, Gated DeltaNet and KDA, and a new block as
     itself."""
     out = []
     for name in zoo.families():

@@ -200,6 +200,27 @@ def test_emitted_hybrids_are_layer_patterns_train_plans(tmp_path, capsys):
     assert all(abs(v["rel_diff"]) <= 0.05 for v in plan.values())
 
 
+def test_delta_rule_hybrids_are_emitted_as_they_were_picked(tmp_path, capsys):
+    """Qwen3-Next's pattern (GDN x3 + attention) and Kimi Linear's (KDA x3 + MLA) train as
+    pick costed them."""
+    path = tmp_path / "delta.yaml"
+    assert main([*ARGS, "--global-every", "4", "--hybrids", "all", "--emit", str(path),
+                 "--shortlist", "all", "--format", "json"]) == 0
+    rows = {r["label"]: r for r in json.loads(capsys.readouterr().out)["candidates"]}
+    raw = yaml.safe_load(path.read_text())
+    assert main(["train", str(path), "--dry-run", "--format", "json"]) == 0
+    plan = {v["variant"]: v for v in json.loads(capsys.readouterr().out)["variants"]}
+    for label, gate, glob in (("delta (GDN) x3 + softmax (GQA G=2)", "scalar", "softmax"),
+                              ("delta (KDA) x3 + mla", "channel", "mla")):
+        row = rows[label]
+        [name] = [n for n, v in raw["variants"].items() if "pattern" in v
+                  and v["blocks"][v["pattern"][0]].get("gate") == gate
+                  and v["blocks"][v["pattern"][-1]]["block"] == glob]
+        assert plan[name]["cache_elements"] == row["cache_elements"]
+        assert plan[name]["budget_per_layer"]["mixing"] == row["carried"]
+        assert row["layers"][0]["caps"]["mixing"] == row["knob"]["value"]  # K carries K
+
+
 def test_a_layer_pattern_run_joins_its_hybrid(tmp_path):
     raw = {"name": "h", "seed": 0,
            "data": {"task": "mqar", "vocab_size": 32, "seq_len": T, "num_kv_pairs": 4,

@@ -201,7 +201,9 @@ def test_emit_is_accepted_by_train_dry_run(tmp_path, capsys):
     raw = yaml.safe_load(path.read_text())
     assert raw["data"]["task"] == "mqar" and raw["data"]["num_kv_pairs"] == 8
     assert raw["data"]["seq_len"] == 256 and raw["match"]["params"] is True
-    assert len(raw["variants"]) == 7
+    # every fitting shape once: 3 windows, 2 feature maps, Mamba-2, GDN and KDA
+    assert len(raw["variants"]) == 8
+    assert raw["variants"]["delta_kda_k21"]["gate"] == "channel"
     assert raw["variants"]["sliding_window_mqa_w64"] == {"block": "sliding_window",
                                                         "n_kv_heads": 1, "window": 64}
     assert main(["train", str(path), "--dry-run", "--format", "json"]) == 0
