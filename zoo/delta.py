@@ -138,7 +138,7 @@ class DeltaRule(Block):
                           + (f", Hv={c.v_heads}" if c.v_heads != c.n_heads else ""))),
         cache="state", state_row="inference.state", mirrors=("delta",),
         checks=(Check("cheaper_block", "delta_k{n}", lambda n: {"block": "delta", "key_dim": n},
-                      "a delta rule with K = {n}"),))
+                      "a delta rule (Gated DeltaNet, KDA) with K = {n}"),))
 
     def __init__(self, config: DeltaConfig):
         super().__init__(config)

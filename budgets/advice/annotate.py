@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .hybrid import hybrid_advice, numbered
+from .hybrid import hybrid_advice, numbered, state_blocks
 from .kv import ceil_rank, conditions, kv_cache_advice, max_of, rests_on
 from .verdicts import VerdictThresholds, annotate_verdicts, is_flat
 
@@ -125,8 +125,7 @@ def _cheaper_block(variant: dict, layer: dict, row: dict, m: float,
         "text": f"{name} layer {layer['layer']}: the past->future mixing realizes rank "
                 f"<= {state} of {row['declared']} ({rests_on(variant)}), flat over T = "
                 f"{shown} ({ceil_rank(m0)} -> {ceil_rank(m1)}): a block with a fixed state "
-                f"of {state} (linear attention with F = {state}, or an SSM with "
-                f"N = {state}) caps the same rank"}
+                f"of {state} ({state_blocks(state)}) caps the same rank"}
 
 
 def cheaper_block_advice(variant: dict, th: VerdictThresholds) -> list[dict]:

@@ -26,6 +26,17 @@ from .kv import conditions
 from .verdicts import VerdictThresholds
 
 KIND = "hybrid"
+# The blocks that hold a fixed state of n, as the advice names them: one per family whose
+# facts declare a cheaper_block Check (zoo/facts.py; a test keeps the two in step, since
+# budgets does not import the zoo's registry). Each caps a layer's past->future rank at n.
+STATE_BLOCKS = ("linear attention with F = {n}", "an SSM with N = {n}",
+                "a delta rule (Gated DeltaNet, KDA) with K = {n}")
+
+
+def state_blocks(n: int) -> str:
+    """`linear attention with F = 5, an SSM with N = 5, or a delta rule ... with K = 5`."""
+    named = [b.format(n=n) for b in STATE_BLOCKS]
+    return ", ".join(named[:-1]) + ", or " + named[-1]
 
 
 def numbered(word: str, numbers: list[int]) -> str:
@@ -83,8 +94,9 @@ def _cache_text(c: dict | None, swapped: list[int], state: int) -> str:
         return head + "; the size of a fixed state there is unknown (no W_O or value row)"
     return (head + f"; a fixed state of {state} holds {state} x the layer's output width = "
             f"{' + '.join(map(str, c['state_elements']))} elements ({c['state_bytes']} B, "
-            f"as linear attention with F = {state}; an SSM's is larger: its inner width and "
-            f"convolution state), whatever T: hybrid {c['hybrid_bytes']} B, "
+            f"as linear attention with F = {state} or a delta rule with K = {state} and value "
+            f"heads of the layer's width, whose short convolution adds a few tokens' worth; an "
+            f"SSM's is larger: its inner width and convolution state), whatever T: hybrid {c['hybrid_bytes']} B, "
             f"{c['saved_bytes']} B saved ({c['ratio']:.2f}x)")
 
 
@@ -106,7 +118,7 @@ def hybrid_advice(variant: dict, items: list[dict], th: VerdictThresholds) -> li
             f"past->future rank <= {state} at every probed length where a state of {state} "
             f"does not bind, and {numbered('layer', kept)} "
             f"do{'es' * (len(kept) == 1)} not: a hybrid with a block of fixed state {state} "
-            f"(linear attention with F = {state}, or an SSM with N = {state}) in "
+            f"({state_blocks(state)}) in "
             f"{numbered('layer', swapped)}, keeping {kept_text(blocks, kept)}, caps the same "
             f"ranks; " + _cache_text(cache, swapped, state))
     item = {"kind": KIND, "variant": name, "layers": swapped, "kept": kept, "state": state,

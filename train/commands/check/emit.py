@@ -3,8 +3,8 @@ cheaper-block or hybrid advice by training the suggested blocks beside it.
 
     raw = emit_check(report, "runs/quick", "check.yaml")   # written, and loaded back first
 
-The report advises "a block with a fixed state of N (linear attention with F = N, or an
-SSM with N = N)" for layers whose past->future rank stays <= N, and, when some layers but
+The report advises "a block with a fixed state of N (linear attention with F = N, an SSM
+with N = N, or a delta rule (Gated DeltaNet, KDA) with K = N)" for layers whose past->future rank stays <= N, and, when some layers but
 not all are so advised, the hybrid that swaps exactly those layers (budgets/advice/hybrid.py).
 The emitted experiment is the original run's own (its data, model, train and monitor
 sections, its seed) with the variant the advice is about, as it was trained, and one
@@ -17,6 +17,7 @@ Cheaper-block advice for every layer (no hybrid item): every layer is replaced,
                                 feature_dim N (unnormalized: identity features can be
                                 negative)
   <variant>.ssm_n<N>            an SSM with d_state N in every layer
+  <variant>.delta_k<N>          Gated DeltaNet with key_dim N in every layer
 
 where N is the largest state advised over the variant's layers; each carries the record
 `check: {of: <variant>, advice: cheaper_block, state: N}`. Hybrid advice: a layer pattern
@@ -24,6 +25,7 @@ with one spec per layer, the advised layers the Check's block, the others as tra
 
   <variant>.l1_linear_f<N>      layer 1 linear attention with F = N, the others kept
   <variant>.l1_ssm_n<N>         layer 1 an SSM with N = N, the others kept
+  <variant>.l1_delta_k<N>       layer 1 Gated DeltaNet with K = N, the others kept
 
 each with `check: {of: <variant>, advice: hybrid, state: N, layers: [1]}`, and the header
 states each variant's declared cache per sequence at the report's T (its blocks' own

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from tests.train.conftest import tiny_experiment, write_run
 from train.cli import main
+from train.config.parse import advice_checks
 from train.commands.check import (
     attach_checks,
     attach_measured,
@@ -19,6 +20,7 @@ from train.commands.check import (
     read_compressed,
     recorded_checks,
 )
+from budgets.advice.hybrid import state_blocks
 from train.commands.check.outcome import ACCURACY_TOLERANCE, LOSS_TOLERANCE
 from train.commands.compress import CompressOptions
 from train.config import load_experiment, parse_experiment
@@ -219,6 +221,16 @@ def test_only_a_fixed_state_block_checks_cheaper_block_advice(tiny_yaml):
     with pytest.raises(ValueError, match=r"a softmax block cannot check cheaper_block advice "
                                          r"\(the blocks that do: linear, ssm, delta\)"):
         load_experiment(path)
+
+
+def test_the_advice_names_every_block_that_can_check_it():
+    """The advice's wording (budgets, which does not import the zoo) names each block that
+    --emit-check trains for it, so that a new fixed-state family is not trained unnamed."""
+    named = state_blocks(7)
+    checks = advice_checks("cheaper_block")
+    assert {block for block, _ in checks} == {"linear", "ssm", "delta"}
+    for block, check in checks:
+        assert check.text.format(n=7) in named, block
 
 
 def test_report_check_flags_refuse_bad_combinations(tmp_path, capsys):
