@@ -41,6 +41,8 @@ FAMILIES = {
     "moe": ("moe", {"n_heads": 2, "top_k": 1}),
     "linear": ("linear", {"n_heads": 2, "feature_map": "taylor", "feature_dim": 2}),
     "ssm": ("ssm", {"n_heads": 2, "d_state": 4}),
+    "gdn": ("delta", {"n_heads": 2, "key_dim": 4}),
+    "kda": ("delta", {"n_heads": 2, "key_dim": 4, "gate": "channel"}),
 }
 
 
@@ -170,7 +172,7 @@ def test_every_cache_kind_has_its_projection():
     assert set(PROJECTIONS) == set(CACHE_KINDS)
 
 
-@pytest.mark.parametrize("name", ["window", "mla", "ssm"])
+@pytest.mark.parametrize("name", ["window", "mla", "ssm", "gdn"])
 def test_a_new_block_of_a_known_cache_kind_needs_no_edit_in_compress(name):
     """A user's block (a family's math under facts of its own) is projected by the kind
     of cache it declares: full rank keeps its logits, rank 1 changes them."""
@@ -199,7 +201,8 @@ RAW = tiny_experiment(
     name="cz", data={"task": "mqar", "vocab_size": VOCAB * 2, "train_size": 64, "val_size": 24},
     model={"n_layers": 2},
     variants={"mla": {"block": "mla", "kv_lora_rank": 8},
-              "linear": {"block": "linear", "feature_map": "taylor", "feature_dim": 2}})
+              "linear": {"block": "linear", "feature_map": "taylor", "feature_dim": 2},
+              "gdn": {"block": "delta", "key_dim": 4}})
 RAW["train"], RAW["monitor"] = {"max_steps": 7, "warmup_steps": 1}, {"probe_size": 4}
 
 
@@ -310,8 +313,10 @@ def test_verdict_refuted_names_the_largest_ratio_within(run):
 
 
 def test_state_families_get_a_row_and_say_what_they_save(run, capsys):
-    for name, family in (("mla", "mla"), ("linear", "linear")):
-        code, out, err = _cli(capsys, run / name, "--ratios", "1.5", "--format", "json")
+    # the delta rule's conv state stays in full: at K = 4 its state is at most 1.43x smaller
+    for name, family, ratio in (("mla", "mla", "1.5"), ("linear", "linear", "1.5"),
+                                ("gdn", "delta", "1.25")):
+        code, out, err = _cli(capsys, run / name, "--ratios", ratio, "--format", "json")
         assert code == 0, err
         doc = json.loads(out)
         assert doc["family"] == family and doc["keys"] is None

@@ -15,7 +15,9 @@ the kind's own members), so a new block of a known kind needs no edit here:
   state    the state's rows, by projecting what writes them (wrapping the block's
            write_rows): linear attention's S = sum phi(k) [v, 1]^T over its F feature
            rows, phi(k) -> P phi(k); an SSM's h = sum x B^T over its N rows per B/C group,
-           B -> P B (its conv state kept in full)
+           B -> P B (its conv state kept in full); the delta rule's S over its K rows per
+           key head, k -> P k after its L2 norm (each update subtracts along k and adds
+           along k, so S stays in span(P) exactly; its conv state kept in full)
 
 Each method takes the ZooTarget (zoo_surgery.py) whose block it reads: its keys, its RoPE,
 its slots.
