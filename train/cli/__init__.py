@@ -1,4 +1,4 @@
-"""The `rankzoo` command: blocks, pick, train, report, compress, tokenize.
+"""The `rankzoo` command: blocks, pick, train, report, compress, tokenize, claims.
 
 Every verb prints rich tables for people, or with `--format json` exactly one JSON
 document on stdout for programs (progress and notes go to stderr). Bad input ends with a
@@ -23,7 +23,7 @@ from rich.console import Console
 
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
-from . import blocks, compress, pick, report, tokenize, train
+from . import blocks, claims, compress, pick, report, tokenize, train
 from .common import BAD_INPUT, console
 
 
@@ -44,6 +44,7 @@ COMMANDS = {
     "report": Verb(report.add_parser, report.cmd_report, check=report.check_args),
     "compress": Verb(compress.add_parser, compress.cmd_compress),
     "tokenize": Verb(tokenize.add_parser, tokenize.cmd_tokenize),
+    "claims": Verb(claims.add_parser, claims.cmd_claims, check=claims.check_args),
 }
 
 

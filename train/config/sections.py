@@ -12,7 +12,15 @@ from typing import Any, ClassVar
 
 from zoo.config import StrictConfig, require, seed_value, unknown_key_error
 
-from ..data import BYTE_VOCAB, MarkovSpec, MQARSpec, TextSpec, TokensSpec, tokenizer_vocab_size
+from ..data import (
+    BYTE_VOCAB,
+    MarkovSpec,
+    ModAddSpec,
+    MQARSpec,
+    TextSpec,
+    TokensSpec,
+    tokenizer_vocab_size,
+)
 from ..lm.decoder import MLPS, NORMS
 
 OPTIMIZERS = ("adamw", "muon", "lion")
@@ -35,6 +43,7 @@ TASK_KEYS = {
     "mqar": ("vocab_size", "num_kv_pairs", "power_a", "random_non_queries", "val_kv_pairs",
              "train_kv_pairs", "permute_seed"),
     "markov": ("vocab_size", "rank", "temperature"),
+    "modadd": ("vocab_size", "modulus"),
     "text": ("paths", "max_bytes", "val_fraction", "pattern", "tokenizer"),
     "tokens": ("paths", "val_paths", "val_fraction", "pattern", "format", "vocab_size",
                "tokenizer"),
@@ -67,6 +76,7 @@ class DataConfig(StrictConfig):
     permute_seed: int | None = None  # mqar: relabel tokens by a seeded permutation (new vocab)
     rank: int = 8  # markov: rank of the transition logits, the data's intrinsic rank
     temperature: float = 1.0  # markov: logits are (A B^T) / temperature
+    modulus: int = 97  # modadd: a b = -> (a + b) mod modulus; vocabulary modulus + 1
     paths: list | None = None  # text: files, directories, globs, "stdlib"; tokens: shards
     max_bytes: int = 2_000_000  # text: read at most this many bytes in all
     val_fraction: float | None = None  # text, tokens: the last fraction validates (0.1)
@@ -103,6 +113,8 @@ class DataConfig(StrictConfig):
             resolve(self, "pattern", "*")
         require(self.tokenizer is None or isinstance(self.tokenizer, str) and self.tokenizer,
                 f"data.tokenizer must be a path or bpe:N, got {self.tokenizer!r}")
+        if self.task == "modadd" and self.vocab_size is None:  # the residues and `=`
+            resolve(self, "vocab_size", self.modulus + 1)
         resolve(self, "vocab_size", self._vocab())
 
     def _vocab(self) -> int:
@@ -170,6 +182,7 @@ SPECS = {
     "markov": lambda d: MarkovSpec(d.vocab_size, d.seq_len, d.rank, d.temperature),
     "text": _text_spec,
     "tokens": _tokens_spec,
+    "modadd": lambda d: ModAddSpec(d.modulus, d.vocab_size, d.seq_len),
 }
 
 

@@ -20,6 +20,7 @@ from .markov import (
     markov_transitions,
     stationary_distribution,
 )
+from .modadd import ModAddSpec
 from .mqar import (
     MQARSpec,
     accuracy_by_kv_pairs,
@@ -45,7 +46,8 @@ from .tokens import TokensSpec, tokens_splits
 
 __all__ = [
     "BYTE_VOCAB", "IGNORE", "SHARD_FORMATS", "SHARD_SUFFIX", "STDLIB", "VAL_SEED_OFFSET",
-    "EpochBatches", "MQARSpec", "MarkovSpec", "TextSpec", "Tokenizer", "TokensSpec", "accuracy",
+    "EpochBatches", "MQARSpec", "MarkovSpec", "ModAddSpec", "TextSpec", "Tokenizer",
+    "TokensSpec", "accuracy",
     "accuracy_by_kv_pairs", "bpe_size", "cache_root", "encode_text", "entropy", "expand_paths",
     "load_tokenizer", "make_loaders", "make_markov", "make_mqar", "make_mqar_mix",
     "make_mqar_val", "make_splits", "markov_baselines", "markov_transitions", "mqar_loaders",

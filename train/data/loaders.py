@@ -10,6 +10,7 @@ from zoo.config import positive_int, require
 
 from .conventions import VAL_SEED_OFFSET
 from .markov import MarkovSpec, make_markov
+from .modadd import ModAddSpec, modadd_splits
 from .mqar import MQARSpec, make_mqar_mix, make_mqar_val
 from .text import TextSpec, text_splits
 from .tokens import TokensSpec, tokens_splits
@@ -33,7 +34,7 @@ def _mqar_splits(spec: MQARSpec, train_size: int, val_size: int, seed: int):
 
 # each task's spec -> its splits (spec, train_size, val_size, seed) -> (train, validation)
 SPLITS = {MQARSpec: _mqar_splits, MarkovSpec: _markov_splits, TextSpec: text_splits,
-          TokensSpec: tokens_splits}
+          TokensSpec: tokens_splits, ModAddSpec: modadd_splits}
 
 
 def make_splits(spec, train_size: int, val_size: int,
