@@ -55,8 +55,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .hybrid import hybrid_advice, numbered, state_blocks
+from .hybrid import hybrid_advice, hybrid_rows, state_blocks
 from .kv import ceil_rank, conditions, kv_cache_advice, max_of, rests_on
+from .rows import key_text, mixer_of, row_key, row_text, rows_text
 from .verdicts import VerdictThresholds, annotate_verdicts, is_flat
 
 
@@ -71,8 +72,8 @@ def _rows(variant: dict, axis: str):
 
 def collapse_advice(variant: dict) -> list[dict]:
     return [{"kind": "collapsed", "variant": variant["variant"], "layer": layer["layer"],
-             "erank": layer["mixing_centered_erank"],
-             "text": f"{variant['variant']} layer {layer['layer']}: centered mixing erank "
+             **mixer_of(layer), "erank": layer["mixing_centered_erank"],
+             "text": f"{variant['variant']} layer {row_text(layer)}: centered mixing erank "
                      f"{layer['mixing_centered_erank']:.2f}: token mixing has collapsed"}
             for layer in variant["layers"] if layer.get("collapsed")]
 
@@ -91,11 +92,9 @@ def _length_maxima(layer: dict) -> list[tuple[int, float]] | None:
     return sorted(out)
 
 
-def _layers(numbers: list[int]) -> str:
+def _layers(rows: list[dict]) -> str:
     """'layer 1 realizes' or 'layers 0, 1 realize'."""
-    if len(numbers) == 1:
-        return f"layer {numbers[0]} realizes"
-    return f"layers {', '.join(map(str, numbers))} realize"
+    return f"{rows_text('layer', rows)} realize{'s' * (len(rows) == 1)}"
 
 
 def fixed_state(layer: dict, T: int) -> bool:
@@ -119,10 +118,10 @@ def _cheaper_block(variant: dict, layer: dict, row: dict, m: float,
     name, (_, m0), (_, m1) = variant["variant"], judged[0], judged[-1]
     shown = ", ".join(str(t) for t, _ in judged)
     return {
-        "kind": "cheaper_block", "variant": name, "layer": layer["layer"],
+        "kind": "cheaper_block", "variant": name, "layer": layer["layer"], **mixer_of(layer),
         "realized": ceil_rank(m), "declared": row["declared"], "state": state,
         "lengths": [t for t, _ in judged], "conditions": conditions(variant, m),
-        "text": f"{name} layer {layer['layer']}: the past->future mixing realizes rank "
+        "text": f"{name} layer {row_text(layer)}: the past->future mixing realizes rank "
                 f"<= {state} of {row['declared']} ({rests_on(variant)}), flat over T = "
                 f"{shown} ({ceil_rank(m0)} -> {ceil_rank(m1)}): a block with a fixed state "
                 f"of {state} ({state_blocks(state)}) caps the same rank"}
@@ -145,13 +144,13 @@ def cheaper_block_advice(variant: dict, th: VerdictThresholds) -> list[dict]:
         state = max(1, ceil_rank(max([m, *(x for _, x in lengths or [])])))
         judged = judged_lengths(lengths or [], state)
         if len(judged) < 2:
-            unmeasured.append(layer["layer"])
+            unmeasured.append(layer)
             continue
         (t0, m0), (t1, m1) = judged[0], judged[-1]
         if is_flat(m0, m1, th):
             out.append(_cheaper_block(variant, layer, row, m, judged, state))
             continue
-        growth = (f"layer {layer['layer']}: {ceil_rank(m0)} at T = {t0} -> {ceil_rank(m1)} "
+        growth = (f"layer {row_text(layer)}: {ceil_rank(m0)} at T = {t0} -> {ceil_rank(m1)} "
                   f"at T = {t1}")
         (within if fixed_state(layer, T) else growing).append(growth)
     if growing:
@@ -194,13 +193,15 @@ def lora_advice(variant: dict) -> list[dict]:
 
 # ---------------------------------------------------------------- checking advice
 
-def _layer(variant: dict, i: int) -> dict | None:
-    return next((ly for ly in variant["layers"] if ly["layer"] == i), None)
+def _layer(variant: dict, item: dict) -> dict | None:
+    """The variant's layer entry an item names (its layer and, where several, its mixer)."""
+    return next((ly for ly in variant["layers"] if row_key(ly) == row_key(item)), None)
 
 
 def _check_cheaper_block(item: dict, variant: dict) -> list[str]:
-    where = f"{variant['variant']} layer {item['layer']}: cheaper_block state {item['state']}"
-    layer = _layer(variant, item["layer"])
+    where = (f"{variant['variant']} layer {row_text(item)}: cheaper_block state "
+             f"{item['state']}")
+    layer = _layer(variant, item)
     row = None if layer is None else next(
         (r for r in layer["axes"] if r["axis"] == "mixing"), None)
     if row is None or row.get("realized_max_sample") is None:
@@ -216,18 +217,20 @@ def _check_hybrid(item: dict, variant: dict) -> list[str]:
     """Each swapped layer's state against its observed ranks, and at least one layer kept
     (a hybrid of every layer is the whole-model cheaper_block advice)."""
     where = f"{variant['variant']}: hybrid"
-    every = {ly["layer"] for ly in variant["layers"]}
-    bad = [f"{where}: layer {i} is not a layer of the variant" for i in item["layers"]
-           if i not in every]
-    if not every - set(item["layers"]):
+    every = {row_key(ly) for ly in variant["layers"]}
+    swapped = hybrid_rows(item, "layers")
+    bad = [f"{where}: layer {key_text(k)} is not a layer of the variant" for k in swapped
+           if k not in every]
+    if not every - set(swapped):
         bad.append(f"{where}: swaps every layer; that is the cheaper_block advice")
-    return bad + [line for i in item["layers"] if i in every
-                  for line in _check_cheaper_block({**item, "layer": i}, variant)]
+    return bad + [line for k in swapped if k in every
+                  for line in _check_cheaper_block(
+                      {**item, "layer": k[0], **({"mixer": k[1]} if k[1] else {})}, variant)]
 
 
 def _check_kv(item: dict, variant: dict) -> list[str]:
-    where = f"{variant['variant']} layer {item['layer']}: kv_cache"
-    layer = _layer(variant, item["layer"])
+    where = f"{variant['variant']} layer {row_text(item)}: kv_cache"
+    layer = _layer(variant, item)
     kv = None if layer is None else layer.get("kv_heads")
     if kv is None:
         return [f"{where}: the layer has no KV head figures to check it against"]
@@ -356,10 +359,10 @@ def gate_cuts(items: list[dict], variant: dict, th: VerdictThresholds) -> list[d
 
 def _cut_name(item: dict) -> str:
     if item["kind"] == "cheaper_block":
-        return f"layer {item['layer']} past->future rank <= {item['state']}"
+        return f"layer {row_text(item)} past->future rank <= {item['state']}"
     if item["kind"] == "hybrid":
-        return f"a hybrid with {numbered('layer', item['layers'])} at a fixed state of " \
-               f"{item['state']}"
+        return f"a hybrid with {rows_text('layer', hybrid_rows(item, 'layers'))} at a fixed " \
+               f"state of {item['state']}"
     if item["kind"] == "lora_rank":
         return f"adapter rank <= {item['realized']} of r = {item['declared']}"
     return "a low-rank KV cache"

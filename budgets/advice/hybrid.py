@@ -23,7 +23,10 @@ states the exact cache of each block it trains (train/commands/check/outcome.py)
 from __future__ import annotations
 
 from .kv import conditions
+from .rows import row_key, rows_text
 from .verdicts import VerdictThresholds
+
+Key = tuple[int, str]  # a row: (layer number, mixer or ""), budgets/advice/rows.py
 
 KIND = "hybrid"
 # The blocks that hold a fixed state of n, as the advice names them: one per family whose
@@ -44,12 +47,28 @@ def numbered(word: str, numbers: list[int]) -> str:
     return f"{word}{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))}"
 
 
-def kept_text(blocks: dict[int, str], kept: list[int]) -> str:
+def hybrid_rows(item: dict, field: str) -> list[Key]:
+    """The rows a hybrid item swaps (`field` "layers") or keeps ("kept"): its layer
+    numbers, with their mixers where the variant's layers hold several ("mixers",
+    "kept_mixers", one per number)."""
+    numbers = item[field]
+    mixers = item.get("mixers" if field == "layers" else f"{field}_mixers") or []
+    return [(i, mixers[j] if j < len(mixers) else "") for j, i in enumerate(numbers)]
+
+
+def _rows_fields(field: str, keys: list[Key]) -> dict:
+    """A hybrid item's numbers under `field`, and their mixers where any row has one."""
+    mixers = "mixers" if field == "layers" else f"{field}_mixers"
+    return {field: [k[0] for k in keys],
+            **({mixers: [k[1] for k in keys]} if any(k[1] for k in keys) else {})}
+
+
+def kept_text(blocks: dict[Key, str], kept: list[Key]) -> str:
     """'sliding_window in layers 0, 1, 2, 4, 5' (one phrase per block kept)."""
-    by_block: dict[str, list[int]] = {}
-    for i in kept:
-        by_block.setdefault(blocks[i], []).append(i)
-    return ", ".join(f"{b} in {numbered('layer', ls)}" for b, ls in by_block.items())
+    by_block: dict[str, list[Key]] = {}
+    for k in kept:
+        by_block.setdefault(blocks[k], []).append(k)
+    return ", ".join(f"{b} in {rows_text('layer', ks)}" for b, ks in by_block.items())
 
 
 def state_width(layer: dict) -> int | None:
@@ -59,18 +78,19 @@ def state_width(layer: dict) -> int | None:
     return caps.get("out") or caps.get("value_path") or None
 
 
-def cache_saved(variant: dict, swapped: list[int], state: int,
+def cache_saved(variant: dict, swapped: list[Key], state: int,
                 th: VerdictThresholds) -> dict | None:
     """Bytes per sequence at T: the full model's, the swapped layers' share of it, the
     fixed states that replace them, the hybrid's, what it saves and the ratio; None
     when the report declares no cache sizes (a probe without them)."""
-    per_layer = {p["layer"]: p["cache_elements"]
+    per_layer = {row_key(p): p["cache_elements"]
                  for p in (variant.get("budget") or {}).get("per_layer", [])}
     b = th.cache_bytes
     full = sum(per_layer.values()) * b
     if not full or any(i not in per_layer for i in swapped):
         return None
-    widths = {ly["layer"]: state_width(ly) for ly in variant["layers"] if ly["layer"] in swapped}
+    widths = {row_key(ly): state_width(ly) for ly in variant["layers"]
+              if row_key(ly) in swapped}
     out = {"dtype": th.cache_dtype, "bytes_per_element": b, "seq_len": variant["seq_len"],
            "full_bytes": full, "swapped_bytes": sum(per_layer[i] for i in swapped) * b,
            "state_elements": None, "state_bytes": None, "hybrid_bytes": None,
@@ -84,11 +104,11 @@ def cache_saved(variant: dict, swapped: list[int], state: int,
             "ratio": full / hybrid if hybrid else None}
 
 
-def _cache_text(c: dict | None, swapped: list[int], state: int) -> str:
+def _cache_text(c: dict | None, swapped: list[Key], state: int) -> str:
     if c is None:
         return "the report declares no cache sizes, so the saving is not stated"
     head = (f"cache per sequence at T = {c['seq_len']} in {c['dtype']}: full "
-            f"{c['full_bytes']} B, of which {numbered('layer', swapped)} "
+            f"{c['full_bytes']} B, of which {rows_text('layer', swapped)} "
             f"hold{'s' * (len(swapped) == 1)} {c['swapped_bytes']} B")
     if c["state_bytes"] is None:
         return head + "; the size of a fixed state there is unknown (no W_O or value row)"
@@ -104,24 +124,25 @@ def hybrid_advice(variant: dict, items: list[dict], th: VerdictThresholds) -> li
     """One hybrid item when some but not all of the variant's layers have cheaper_block
     items among `items` (checked ones); [] otherwise. A hybrid that would hold at least
     the full cache becomes a no_saving finding instead."""
-    served = {it["layer"]: it for it in items
+    served = {row_key(it): it for it in items
               if it["kind"] == "cheaper_block" and it["variant"] == variant["variant"]}
-    every = [ly["layer"] for ly in variant["layers"]]
+    every = [row_key(ly) for ly in variant["layers"]]
     if not served or len(served) == len(every):
         return []
     swapped, kept = sorted(served), [i for i in every if i not in served]
     state = max(it["state"] for it in served.values())
     cache = cache_saved(variant, swapped, state, th)
-    blocks = {ly["layer"]: ly.get("block", "?") for ly in variant["layers"]}
+    blocks = {row_key(ly): ly.get("block", "?") for ly in variant["layers"]}
     name = variant["variant"]
-    text = (f"{name}: {numbered('layer', swapped)} realize{'s' * (len(swapped) == 1)} "
+    text = (f"{name}: {rows_text('layer', swapped)} realize{'s' * (len(swapped) == 1)} "
             f"past->future rank <= {state} at every probed length where a state of {state} "
-            f"does not bind, and {numbered('layer', kept)} "
+            f"does not bind, and {rows_text('layer', kept)} "
             f"do{'es' * (len(kept) == 1)} not: a hybrid with a block of fixed state {state} "
             f"({state_blocks(state)}) in "
-            f"{numbered('layer', swapped)}, keeping {kept_text(blocks, kept)}, caps the same "
+            f"{rows_text('layer', swapped)}, keeping {kept_text(blocks, kept)}, caps the same "
             f"ranks; " + _cache_text(cache, swapped, state))
-    item = {"kind": KIND, "variant": name, "layers": swapped, "kept": kept, "state": state,
+    item = {"kind": KIND, "variant": name, **_rows_fields("layers", swapped),
+            **_rows_fields("kept", kept), "state": state,
             "cache_saved": cache,
             "conditions": conditions(variant, max(it["conditions"]["max_observed"]
                                                   for it in served.values())),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from ..cache import CostModel, Keys, cache_size, full_cache_bytes, lowrank_cache_bytes
+from .rows import mixer_of, row_text
 from .verdicts import VerdictThresholds
 
 COMPRESS = "to be checked with `rankzoo compress`"
@@ -130,14 +131,16 @@ def _kv_layer(variant: dict, layer: dict, th: VerdictThresholds) -> dict | None:
     name, i = variant["variant"], layer["layer"]
     pooled = model == CostModel.SHARED
     return {
-        "kind": "kv_cache", "variant": name, "layer": i, "dtype": th.cache_dtype,
+        "kind": "kv_cache", "variant": name, "layer": i, **mixer_of(layer),
+        "dtype": th.cache_dtype,
         "bytes_per_element": b, "seq_len": T, "n_kv_heads": G, "head_dim": K, "v_head_dim": V,
         "rope": bool(kv.get("rope")), "full_bytes_per_token": full, "options": options,
         "cost_model": model,
         "observed": observed,  # per KV head, the figure (rank_field) each rank bounds
         "conditions": conditions(variant, top),
-        "text": f"{name} layer {i}: KV cache at {th.cache_dtype} ({b} B/element), {G} KV "
-                f"heads x (K {K} + V {V}): full {full} B/token. A low-rank cache, "
+        "text": f"{name} layer {row_text(layer)}: KV cache at {th.cache_dtype} ({b} "
+                f"B/element), {G} KV heads x (K {K} + V {V}): full {full} B/token. A "
+                f"low-rank cache, "
                 + "; ".join(_option_text(k, options[k.field], T, bool(kv.get("rope")))
                             for k in keys)
                 + f". Ranks: {rests_on(variant, pooled)}; cost model: {model.text}; "

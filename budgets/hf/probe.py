@@ -57,6 +57,7 @@ from ..probe.blocks import (
 from ..probe.calls import CallProbe, check_layers, probe_calls
 from ..probe.entries import attention_entry
 from ..probe.mixing_entry import mixing_entry
+from ..probe.places import Running, layer_at_call, mixer_places
 from ..probe.streams import MASSIVE_RATIO
 from ..rank.matfree import K_MAX
 from ..rank.metrics import check_eps
@@ -78,16 +79,17 @@ def _call_probe(model, ids: torch.Tensor, eps: float, asked, with_spectra: bool,
     """The probe of `model`'s attention and SSD mixers (found by a short forward over ids),
     and the decoder layers mixing by anything else; NoMixers when it has neither."""
     model_type = getattr(model.config, "model_type", type(model).__name__)
-    maps = _mixers(model, ids)
+    maps, at_call = _mixers(model, ids)
+    places = mixer_places(model, maps, at_call)
     # layers mixing by anything no source reads (xLSTM's mLSTM, ...)
-    unmeasured = unmeasured_mixers(model, [m.name for m in maps])
+    unmeasured = unmeasured_mixers(model, [p.name for p in places])
     if not maps:
         mixers = f" (its mixers: {unmeasured_text(unmeasured)})" if unmeasured else ""
         raise NoMixers(f"{model_type}: no layer attends through transformers' attention "
                        f"interface or mixes by a Mamba scan{mixers}, and the model returns "
                        f"no attention probabilities, so the probe cannot read it")
     p = CallProbe(model, maps, eps, BUILDERS, model_type, asked, with_spectra, k_max, progress,
-                  massive_ratio)
+                  massive_ratio, places)
     return p, unmeasured
 
 
@@ -106,24 +108,30 @@ def hf_layer_maps(model: nn.Module, ids: torch.Tensor) -> list[LayerMap]:
                     capture)
 
 
-def _mixers(model: nn.Module, ids: torch.Tensor) -> list[LayerMap | SSMMap]:
+def _mixers(model: nn.Module, ids: torch.Tensor
+            ) -> tuple[list[LayerMap | SSMMap], list[Running]]:
     """The attention layers (budgets/capture/projections.py) and SSD mixers of `model`, one per
     call, in the order the forward calls them: a block shared by several layers (zamba's
-    one attention block) is a mixer at each layer that calls it."""
+    one attention block) is a mixer at each layer that calls it; beside them, the layer-list
+    items running at each call (budgets/probe/places.py: the layer it is made in)."""
     attention: dict[nn.Module, list[LayerMap]] = {}
     for m in hf_layer_maps(model, ids):  # one LayerMap per call, in call order
         attention.setdefault(m.module, []).append(m)
     names = {m: n for n, m in model.named_modules()}
     called: list = []
-    with (torch.no_grad(), capture(model, called.append), capture_scans(model, called.append),
-          capture_delta(model, called.append), capture_hooked(model, called.append)):
-        model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
+    with torch.no_grad(), layer_at_call(model) as now:
+        def seen(call) -> None:
+            called.append((call, now()))
+        with (capture(model, seen), capture_scans(model, seen), capture_delta(model, seen),
+              capture_hooked(model, seen)):
+            model(input_ids=ids[:, :DISCOVERY_TOKENS], use_cache=False)
     found = {"attention": lambda m: attention[m].pop(0) if attention.get(m) else None,
              "scan": lambda m: SSMMap(m, names[m]) if m in names else None,
              # mixers known by their module alone, as an SSD mixer is
              **dict.fromkeys(MIXING_ONLY, lambda m: SSMMap(m, names[m]) if m in names else None)}
-    maps = (found[call.kind_name](call.module) for call in called)
-    return [m for m in maps if m is not None]
+    maps = ((found[call.kind_name](call.module), running) for call, running in called)
+    kept = [(m, running) for m, running in maps if m is not None]
+    return [m for m, _ in kept], [running for _, running in kept]
 
 
 def _ssm_entry(p: CallProbe, i: int, layer: SSMMap, mixing: dict, x: torch.Tensor,

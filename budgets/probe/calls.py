@@ -39,6 +39,7 @@ from .blocks import (
     stream_figures,
 )
 from .inputs import module_inputs
+from .places import Place, layer_count, mixer_places
 from .streams import MASSIVE_RATIO
 
 # (probe, i, map, quantities, x, call, streams, moe) -> the layer's entry
@@ -90,10 +91,15 @@ class CallProbe:
     k_max: int = K_MAX
     progress: Callable[[ProbeProgress], None] | None = None
     massive_ratio: float = MASSIVE_RATIO
-    layers: dict[int, dict] = field(default_factory=dict)
+    # per mixer call, its decoder layer (the model's number) and name there; None: from
+    # the maps' module paths (budgets/probe/places.py)
+    places: list[Place] | None = None
+    layers: dict[int, dict] = field(default_factory=dict)  # mixer index -> its entry
 
     def __post_init__(self) -> None:
-        self.wanted = check_layers(self.asked, len(self.maps), self.block)
+        if self.places is None:
+            self.places = mixer_places(self.model, self.maps)
+        self.wanted = self._wanted()
         # module -> its mixer indices, one per call (several for a shared block)
         self.index: dict[nn.Module, list[int]] = {}
         for i, m in enumerate(self.maps):
@@ -101,6 +107,18 @@ class CallProbe:
         self.calls: dict[nn.Module, int] = {}  # calls seen so far in the probe's forward
         self.sharing = weight_groups(self.maps)
         self.start = time.perf_counter()
+
+    def _wanted(self) -> list[int]:
+        """The mixer indices in the asked layers (the model's numbers), in call order."""
+        numbers = {p.layer for p in self.places}
+        asked = check_layers(self.asked, layer_count(self.model, self.places), self.block)
+        wanted = [i for i, p in enumerate(self.places) if p.layer in asked]
+        if not wanted:
+            raise ValueError(f"layers={self.asked}: the probe reads no mixer in "
+                             f"{'that layer' if len(asked) == 1 else 'those layers'} of the "
+                             f"{self.block} model; it reads layers "
+                             f"{', '.join(map(str, sorted(numbers)))}")
+        return wanted
 
     def mixer_of(self, module: nn.Module) -> int | None:
         """The mixer index of this call of `module` (its k-th call: its k-th index)."""
@@ -112,11 +130,14 @@ class CallProbe:
         return indices[k % len(indices)]
 
     def shared(self, i: int) -> dict | None:
-        """{"module", "mixers"} when mixer i's weights serve other mixers too (one module
-        called several times, or tied weights), else None: the report says so."""
+        """{"module", "layers"} when mixer i's weights serve other mixers too (one module
+        called several times, or tied weights), else None: the report says so, naming
+        the layers (the model's numbers) whose mixers they are."""
         group = self.sharing.get(i)
-        return None if group is None else {"module": self.maps[group[0]].name,
-                                           "mixers": list(group)}
+        if group is None:
+            return None
+        return {"module": self.maps[group[0]].name,
+                "layers": sorted({self.places[j].layer for j in group})}
 
     def record(self, i: int, figures: tuple[dict, dict], x: torch.Tensor, call,
                streams: dict[str, dict[int, torch.Tensor]]) -> None:
@@ -141,10 +162,18 @@ class CallProbe:
                      self.eps)
         if not self.with_spectra:
             del layer["spectra"]
-        self.layers[i] = layer
+        self.layers[i] = self._placed(i, layer)
         if self.progress is not None:
-            self.progress(ProbeProgress(i, len(self.layers), len(self.wanted),
-                                        time.perf_counter() - self.start))
+            self.progress(ProbeProgress(self.places[i].layer, len(self.layers),
+                                        len(self.wanted), time.perf_counter() - self.start))
+
+    def _placed(self, i: int, layer: dict) -> dict:
+        """The entry under its decoder layer's own number and its path there, and, where
+        the layer holds several mixers, which one it is ("mixer")."""
+        place = self.places[i]
+        head = {"layer": place.layer, **({"mixer": place.mixer} if place.mixer else {}),
+                "name": place.name}
+        return {**head, **{k: v for k, v in layer.items() if k not in head}}
 
 
 @contextlib.contextmanager

@@ -98,7 +98,8 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
                       progress=None, massive_ratio: float = MASSIVE_RATIO
                       ) -> tuple[dict, float]:
     """(probe in probe_model's format, mean next-token loss) of `model` on tokens [B, T].
-    `layers`: indices among its attention calls to measure (None: all); from T >=
+    `layers`: the layer numbers to measure (the model's: its block list's indices; None:
+    all); from T >=
     matfree_from the mixing is measured matrix-free, as report --hf does."""
     check_eps(eps)
     T = int(tokens.shape[1])

@@ -152,7 +152,10 @@ def _report_layer(layer: dict) -> dict:
     centered = layer["quantities"].get("mixing_centered", {})
     hidden = _mean(layer["quantities"].get("hidden_centered", {}).get("erank", []))
     out = {
-        "layer": layer["layer"], "name": layer.get("name", ""), "block": layer["block"],
+        "layer": layer["layer"],
+        # one of several mixers in the layer (falcon_h1's SSM beside its attention)
+        **({"mixer": layer["mixer"]} if "mixer" in layer else {}),
+        "name": layer.get("name", ""), "block": layer["block"],
         "axes": _axis_rows(layer),
         # all heads here; annotate keeps only the heads whose centered figures are valid
         "mixing_centered_erank": _mean(centered.get("erank", [])),
@@ -187,7 +190,8 @@ def _budget_parts(layers: list[dict]) -> dict:
     per_layer = []
     for ly in layers:
         b = RankBudget.from_dict(ly["budget"])  # rejects a malformed budget here
-        per_layer.append({"layer": ly["layer"], "pretrain": b.pretrain, "adapter": b.adapter,
+        per_layer.append({"layer": ly["layer"], **({"mixer": ly["mixer"]} if "mixer" in ly else {}),
+                          "pretrain": b.pretrain, "adapter": b.adapter,
                           "inference": b.inference, "total": b.total,
                           # elements a sequence's cache holds at seq_len (the cost side)
                           "cache_elements": b.cache_elements})

@@ -43,7 +43,8 @@ def kind_summary(layers: list[dict], zoo_blocks: Mapping[str, str] | None = None
             if found:
                 rows[q] = {"declared": max(a["declared"] for a in found),
                            "realized_mean": _mean([a["realized_mean"] for a in found])}
-        out.append({"kind": label, "layers": [m["layer"] for m in members],
+        # each layer once: zamba's two Mamba scans of one layer are one layer of the kind
+        out.append({"kind": label, "layers": list(dict.fromkeys(m["layer"] for m in members)),
                     # a zoo layer is its own block; an HF layer's kind names its caps' block
                     "zoo_block": kind.get("zoo_block") or zoo_blocks.get(kind["attention"]),
                     "moe": kind["moe"],

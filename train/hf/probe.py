@@ -152,7 +152,7 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
               "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
               "probe_size": probe_size, "seq_len": seq_len, "device": str(where),
               "dtype": dtype, "n_layers": g.n_layers, "bos": bos_text(tokenizer, bos),
-              **({"layers": [ly["layer"] for ly in probe["layers"]]} if layers else {}),
+              **({"layers": measured_layers(probe)} if layers else {}),
               **({"adapter": str(Path(adapter))} if adapter is not None else {}),
               # a GGUF file: its tensors' storage types (the probe reads them dequantized)
               **({"gguf": {"file": model_dir.name, "quantization": gguf_quantization(model_dir)}}
@@ -164,13 +164,19 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     return model_dir.resolve().name or g.model_type, entry
 
 
+def measured_layers(probe: dict) -> list[int]:
+    """The decoder layers (the model's numbers) with a measured mixer, each once: a layer
+    of two mixers (falcon_h1's attention and SSM) is one layer."""
+    return sorted({ly["layer"] for ly in probe["layers"]})
+
+
 def probe_notes(probe: dict, dtype: str, n_layers: int) -> list[str]:
     """What the user should know about how the probe measured: a subset of layers, a
     half-precision forward pass, the matrix-free mode."""
-    notes = []
-    if len(probe["layers"]) < n_layers:
-        notes.append(f"measured {len(probe['layers'])} of the model's {n_layers} layers: "
-                     f"{', '.join(str(ly['layer']) for ly in probe['layers'])}")
+    notes, measured = [], measured_layers(probe)
+    if len(measured) < n_layers:
+        notes.append(f"measured {len(measured)} of the model's {n_layers} layers: "
+                     f"{', '.join(map(str, measured))}")
     if dtype != "float32":
         notes.append(f"forward pass in {dtype}: singular values below ~1e-2 s_1 are noise "
                      f"at that precision (docs/METRICS.md); metrics are computed in fp32")

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 import budgets
+from budgets.advice.rows import row_key
 
 from ..rundir.files import append_line, write_text
 from ..rundir.layout import RANKS_FILE
@@ -208,10 +209,11 @@ class Monitor:
         with measuring(model):
             probe = probe_any(model, batch, self.eps, bool(self.histograms) or final,
                               self.forward, partial(report_progress, step))
-        spectra = {layer["layer"]: layer.pop("spectra", {}) for layer in probe["layers"]}
+        # by row: two mixers of one layer (falcon_h1's SSM and attention) are two rows
+        spectra = {row_key(layer): layer.pop("spectra", {}) for layer in probe["layers"]}
         record = {"step": step, **probe}
         if final:  # the last measurement keeps them in ranks.jsonl, for the report's plots
-            record["layers"] = [{**layer, "spectra": spectra_lists(spectra[layer["layer"]])}
+            record["layers"] = [{**layer, "spectra": spectra_lists(spectra[row_key(layer)])}
                                 for layer in probe["layers"]]
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
         # one write per line, cut off again if it fails: the file holds whole lines
@@ -221,21 +223,23 @@ class Monitor:
         self.seconds += time.perf_counter() - began
         return record
 
-    def layer_tag(self, i: int) -> str:
+    def layer_tag(self, i: int, mixer: str = "") -> str:
         """`L3`, or for a hybrid's layer `L3.global`: TensorBoard then lists a pattern's
-        kinds apart (a uniform run's tags are as they always were)."""
-        return f"L{i}.{self.labels[i]}" if i < len(self.labels) else f"L{i}"
+        kinds apart (a uniform run's tags are as they always were); one of several mixers
+        in a layer adds its own: `L3.self_attn`."""
+        tag = f"L{i}.{self.labels[i]}" if i < len(self.labels) else f"L{i}"
+        return f"{tag}.{mixer}" if mixer else tag
 
     def scalars_of(self, probe: dict) -> dict[str, float]:
         """`rank/L<i>/<quantity>/<metric>/mean` and, per head, `/h<h>`."""
         metrics: dict[str, float] = {}
         for layer in probe["layers"]:
-            i, quantities = layer["layer"], layer["quantities"]
+            (i, mixer), quantities = row_key(layer), layer["quantities"]
             for quantity, metric in self.scalars:
                 values = quantities.get(quantity, {}).get(metric)
                 if not values:
                     continue
-                tag = f"rank/{self.layer_tag(i)}/{quantity}/{metric}"
+                tag = f"rank/{self.layer_tag(i, mixer)}/{quantity}/{metric}"
                 if len(values) > 1:
                     for h, v in enumerate(values):
                         metrics[f"{tag}/h{h}"] = v
@@ -258,9 +262,9 @@ class Monitor:
                 self._histograms(writer, spectra, step)
 
     def _histograms(self, writer, spectra: dict, step: int) -> None:
-        for i, by_quantity in spectra.items():
+        for (i, mixer), by_quantity in spectra.items():
             for quantity in self.histograms:
                 s = by_quantity.get(quantity)
                 if s is not None and s.numel() and torch.isfinite(s).all():
-                    writer.add_histogram(f"spectrum/{self.layer_tag(i)}/{quantity}",
+                    writer.add_histogram(f"spectrum/{self.layer_tag(i, mixer)}/{quantity}",
                                          s.float().flatten(), global_step=step)

@@ -13,6 +13,7 @@ from collections import Counter
 from rich.table import Table
 
 from budgets.advice.head_classes import HEAD_CLASSES as RULE_ORDER
+from budgets.advice.rows import row_text
 
 from .table import Column, TableSpec, to_markdown, to_rich
 
@@ -46,7 +47,7 @@ def _head_rows(report: dict):
         for layer in v["layers"]:
             if layer.get("heads"):
                 counts = class_counts(layer["heads"])
-                yield (v["variant"], str(layer["layer"]),
+                yield (v["variant"], row_text(layer),
                        *(str(counts.get(c, 0)) for c in HEAD_CLASSES), _heads_note(layer))
 
 

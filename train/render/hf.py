@@ -11,6 +11,8 @@ from rich import box
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from budgets.advice.rows import row_text
+
 from .heads import HEAD_CLASSES, class_counts, head_legend
 from .kinds import kinds_spec
 from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
@@ -34,15 +36,17 @@ def probe_source_text(report: dict) -> str:
 
 
 def shared_line(report: dict) -> str | None:
-    """'shared weights (one set, measured at each call): layers 2, 7
+    """'shared weights (one set, measured at each call): layers 1, 3
     (model.layers.1.shared_transf.self_attn)', or None."""
     seen: dict[str, list[int]] = {}
     for layer in report["variants"][0]["layers"]:
-        if layer.get("shared"):
-            seen.setdefault(layer["shared"]["module"], layer["shared"]["mixers"])
+        shared = layer.get("shared")
+        if shared:  # "mixers": a report from before layers were the model's own numbers
+            seen.setdefault(shared["module"], shared.get("layers", shared.get("mixers")))
     if not seen:
         return None
-    groups = "; ".join(f"layers {', '.join(map(str, ls))} ({m})" for m, ls in seen.items())
+    groups = "; ".join(f"layer{'s' * (len(ls) > 1)} {', '.join(map(str, ls))} ({m})"
+                       for m, ls in seen.items())
     return f"shared weights (one set, measured at each call): {groups}"
 
 
@@ -58,8 +62,9 @@ def unmeasured_line(report: dict) -> str | None:
     named = "; ".join(f"layer{'s' if len(ls) > 1 else ''} {', '.join(ls)} ({c})"
                       for c, ls in by_class.items())
     return (f"not measured: {mixers[0]['model_type']} {named}: these decoder layers mix "
-            f"tokens neither by attention through transformers' interface nor by a Mamba "
-            f"scan, so no row of theirs is in this report")
+            f"tokens by nothing the probe reads (attention through transformers' interface, "
+            f"a Mamba scan, a delta rule, a short convolution, RG-LRU or lightning "
+            f"attention), so no row of theirs is in this report")
 
 
 def gguf_line(report: dict) -> str | None:
@@ -90,7 +95,7 @@ def _hf_rows(report: dict):
     for layer in report["variants"][0]["layers"]:
         e = layer["erank"]
         pc = _head_mean(e["mixing_centered"])
-        yield (str(layer["layer"]), fmt(layer["hidden_centered_erank"], ".2f"),
+        yield (row_text(layer), fmt(layer["hidden_centered_erank"], ".2f"),
                fmt(_head_mean(e["mixing"]), ".2f"),
                "n/a" if layer.get("centered_na") and layer.get("mixing_centered_erank") is None
                else fmt(pc, ".2f"),

@@ -15,6 +15,7 @@ from dataclasses import asdict
 
 from rich.table import Table
 
+from budgets.advice.rows import row_text
 from budgets.advice.verdicts import VerdictThresholds
 from budgets.report.document import PART_OF_AXIS, PARTS
 
@@ -74,7 +75,7 @@ def _rows(report: dict, part: str):
                 util = "-" if a["utilization"] is None else f"{100 * a['utilization']:.0f}%"
                 # The centered erank belongs to the layer: print it once, on its first row.
                 erank = [_eranks(layer) if i == 0 else ""] if part == "pretrain" else []
-                yield (v["variant"], str(layer["layer"]), layer["block"], a["axis"],
+                yield (v["variant"], row_text(layer), layer["block"], a["axis"],
                        a["quantity"], str(a["declared"]), fmt(a["realized_mean"]),
                        fmt(a["realized_max"]), fmt(a.get("realized_max_sample"), ".0f"),
                        util, *erank, a.get("verdict") or "-")

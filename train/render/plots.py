@@ -32,6 +32,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
+from budgets.advice.rows import row_text
+
 from ..rundir.files import atomic_path
 from .heads import HEAD_CLASSES
 from .recall import recall_figure, recall_view
@@ -273,7 +275,7 @@ def heads_figure(variant: dict) -> Figure | None:
     fig = Figure(figsize=bounded_size(panel_w * len(panels), 0.22 * n_layers + 1.8),
                  layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    labels = [str(ly["layer"]) for ly in variant["layers"]]
+    labels = [row_text(ly) for ly in variant["layers"]]
     for ax, (title, values, categorical) in zip(axes, panels, strict=True):
         _heatmap(fig, ax, values, categorical, labels)
         ax.set_title(title, fontsize=9)

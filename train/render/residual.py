@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from budgets.advice.rows import row_text
+
 from .table import Column, TableSpec, fmt, to_markdown, to_rich
 
 RESIDUAL_LEGEND = ("resid Hc = centered erank of the residual stream entering the layer "
@@ -35,7 +37,7 @@ def _residual_rows(report: dict):
             res = layer.get("residual")
             if res is not None:
                 hc = layer.get("input_centered_erank", layer.get("hidden_centered_erank"))
-                yield (v["variant"], str(layer["layer"]), fmt(res.get("centered_erank")),
+                yield (v["variant"], row_text(layer), fmt(res.get("centered_erank")),
                        fmt(hc), fmt(res.get("norm_median"), ".3g"), massive_text(res))
 
 

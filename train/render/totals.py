@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from budgets.advice.rows import mixer_of, row_text
 from budgets.report.document import PART_OF_AXIS, PARTS
 
 from .table import Column, TableSpec, to_markdown, to_rich
@@ -30,23 +31,27 @@ def budget_totals(variant: dict) -> tuple[list[dict], dict]:
             elif a["axis"] != "out":  # W_O's cap is reported, not part of RankBudget.total
                 caps[a["axis"]] = max(caps.get(a["axis"], 0), a["declared"])
         row = {p: sum(c for axis, c in caps.items() if PART_OF_AXIS[axis] == p) for p in PARTS}
-        per_layer.append({"layer": layer["layer"], **row, "total": sum(row.values())})
+        per_layer.append({"layer": layer["layer"], **mixer_of(layer), **row,
+                          "total": sum(row.values())})
     model = {p: sum(r[p] for r in per_layer) for p in PARTS}
     return per_layer, {**model, "total": variant["budget_total"]}
 
 
 def _layer_runs(per_layer: list[dict]):
-    """Consecutive layers with the same caps, as ('0-29', row): a uniform stack is one line."""
+    """Consecutive layers with the same caps, as ('0-29', row): a uniform stack is one line.
+    One of several mixers in a layer is a line of its own ('0 self_attn')."""
     runs: list[tuple[list, dict]] = []
     for r in per_layer:
         key = {p: r[p] for p in (*PARTS, "total")}
-        if runs and runs[-1][1] == key and runs[-1][0][-1] + 1 == r["layer"]:
-            runs[-1][0].append(r["layer"])
+        alone = "mixer" in r or (runs and "mixer" in runs[-1][0][-1])
+        if runs and not alone and runs[-1][1] == key and \
+                runs[-1][0][-1]["layer"] + 1 == r["layer"]:
+            runs[-1][0].append(r)
         else:
-            runs.append(([r["layer"]], key))
-    for layers, key in runs:
-        name = str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
-        yield name, key
+            runs.append(([r], key))
+    for rows, key in runs:
+        first, last = row_text(rows[0]), rows[-1]["layer"]
+        yield (first if len(rows) == 1 else f"{first}-{last}"), key
 
 
 def _total_rows(report: dict):

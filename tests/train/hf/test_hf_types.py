@@ -237,7 +237,7 @@ def test_weights_shared_by_several_layers_are_measured_at_each_call(saved, text_
     layers = report["variants"][0]["layers"]
     attention = [ly for ly in layers if ly["kind"]["attention"] != "ssm"]
     assert len(attention) == 2  # layers 1 and 3 of the decoder
-    groups = [ly["shared"]["mixers"] for ly in attention]
+    groups = [ly["shared"]["layers"] for ly in attention]
     assert groups[0] == groups[1] == [ly["layer"] for ly in attention]
     assert all(ly.get("shared") for ly in layers)  # two scans per Mamba mixer
     assert main(["report", "--hf", str(path), "--text", str(text_file), "--seq-len", str(T),

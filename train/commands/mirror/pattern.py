@@ -4,8 +4,9 @@ layer order, and the shortest unit that repeats through them.
     layers = decoder_kinds(entry)                  # probe_hf's entry: one per decoder layer
     p = unit_length([k.label for k in layers])     # Gemma 3: 6 (sliding x5, global)
 
-The probe lists mixers, not decoder layers, so a decoder layer is found from its mixer's
-module path (`model.layers.3.self_attn` -> 3). What one zoo layer cannot be is refused in
+The probe lists mixers, each under its decoder layer's own number (the index in the model's
+layer list: `model.layers.3.self_attn` is layer 3), so a layer's mixers are those under its
+number. What one zoo layer cannot be is refused in
 one line naming the layers, before anything is written: a mixer the probe did not read (its
 block is unknown), a layer the probe skipped (`--layers`), and a decoder layer with two
 mixers (falcon_h1's attention beside its SSM, zamba's shared attention before its Mamba),
@@ -14,17 +15,12 @@ since a zoo layer holds one block.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from budgets.hf.unmeasured import unmeasured_text
 
 from ...config.layers import LayerSpec, describe
-
-# the decoder layer's index in a mixer's module path: `model.layers.3.self_attn`,
-# `transformer.h.0.attn`, or the eager path's `layer 3`
-LAYER_INDEX = re.compile(r"(?:^|[. ])(\d+)(?=\.|$)")
 
 
 @dataclass(frozen=True)
@@ -78,20 +74,17 @@ def decoder_kinds(entry: dict[str, Any]) -> list[LayerKind]:
 
 
 def _by_decoder_layer(layers: list[dict], n: int, model: str) -> dict[int, dict[str, dict]]:
-    """Decoder layer -> {mixer name: its probed entry}. A module called twice in one layer
-    (zamba's Mamba runs two scans) is one mixer. Names without an index place the mixers
-    in order, one per layer, when there are as many as layers."""
-    found = [LAYER_INDEX.search(ly["name"]) for ly in layers]
-    indices = [int(m[1]) if m else -1 for m in found]
-    if any(not 0 <= i < n for i in indices):
-        if len(layers) != n:
-            raise ValueError(f"--emit: the probe's {len(layers)} mixers of {model} "
-                             f"({', '.join(ly['name'] for ly in layers)}) cannot be placed in "
-                             f"its {n} layers by their names; nothing was written")
-        indices = list(range(n))
+    """Decoder layer -> {mixer name: its probed entry}, by the probe's layer numbers (the
+    model's own: budgets/probe/places.py). A module called twice in one layer (zamba's
+    Mamba runs two scans) is one mixer."""
+    outside = [f"{ly['layer']} ({ly.get('name', '?')})" for ly in layers
+               if not 0 <= ly["layer"] < n]
+    if outside:
+        raise ValueError(f"--emit: the probe names layers of {model} outside its {n} layers: "
+                         f"{', '.join(outside)}; nothing was written")
     grouped: dict[int, dict[str, dict]] = {}
-    for i, layer in zip(indices, layers, strict=True):
-        grouped.setdefault(i, {}).setdefault(layer["name"], layer)
+    for layer in layers:
+        grouped.setdefault(layer["layer"], {}).setdefault(layer.get("name", ""), layer)
     return grouped
 
 
