@@ -116,7 +116,8 @@ def _cache_text(c: dict | None, swapped: list[Key], state: int) -> str:
             f"{' + '.join(map(str, c['state_elements']))} elements ({c['state_bytes']} B, "
             f"as linear attention with F = {state} or a delta rule with K = {state} and value "
             f"heads of the layer's width, whose short convolution adds a few tokens' worth; an "
-            f"SSM's is larger: its inner width and convolution state), whatever T: hybrid {c['hybrid_bytes']} B, "
+            f"SSM's is larger: its inner width and convolution state), whatever T: hybrid "
+            f"{c['hybrid_bytes']} B, "
             f"{c['saved_bytes']} B saved ({c['ratio']:.2f}x)")
 
 

@@ -9,9 +9,9 @@ import json
 import pytest
 from rich.console import Console
 
+from budgets.advice.hybrid import state_blocks
 from tests.train.conftest import tiny_experiment, write_run
 from train.cli import main
-from train.config.parse import advice_checks
 from train.commands.check import (
     attach_checks,
     attach_measured,
@@ -20,10 +20,10 @@ from train.commands.check import (
     read_compressed,
     recorded_checks,
 )
-from budgets.advice.hybrid import state_blocks
 from train.commands.check.outcome import ACCURACY_TOLERANCE, LOSS_TOLERANCE
 from train.commands.compress import CompressOptions
 from train.config import load_experiment, parse_experiment
+from train.config.parse import advice_checks
 from train.experiment.stages import train_experiment
 from train.render.advice import advice_markdown, advice_text
 from train.rundir.read import load_run
