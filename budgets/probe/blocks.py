@@ -30,7 +30,13 @@ from torch import nn
 from ..rank.adapters import adapter_ranks
 from ..rank.attention_ranks import attention_metrics
 from ..rank.matfree import K_MAX, AttentionMixing, CenteredOperator, block_metrics
-from ..rank.metrics import METRICS, check_eps, singular_values, spectrum_metrics
+from ..rank.metrics import (
+    METRICS,
+    check_eps,
+    singular_value_pair,
+    singular_values,
+    spectrum_metrics,
+)
 from .heads import energy_share, head_stats, head_stats_operator, undefined_head_stats
 from .inputs import module_inputs
 from .streams import MASSIVE_RATIO, kv_head_figures, residual_figures
@@ -174,7 +180,7 @@ def _measure_mixing(P: torch.Tensor, eps: float) -> tuple[dict, torch.Tensor]:
     = sum s_c^2 / sum s^2, at no extra cost)."""
     T = P.shape[-1]
     h = T // 2  # the past->future block M[T/2:, :T/2] that the mixing budget caps
-    s, s_c = singular_values(P), singular_values(P, center=True)  # [B, H, T] each
+    s, s_c = singular_value_pair(P)  # [B, H, T] each, from one Gram and one eigensolver batch
     quantities = {
         "mixing": summarize_spectrum(s, (T, T), eps, batch_dims=1),
         "mixing_centered": summarize_spectrum(s_c, (T, T), eps, batch_dims=1),

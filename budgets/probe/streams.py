@@ -94,7 +94,9 @@ def kv_head_figures(heads: dict[str, torch.Tensor], eps: float) -> dict:
         for name, s_one in zip(names, s, strict=True):
             m = _per_sample(s_one, shape[-2:], eps)
             out[name] = {k: [float(x) for x in m[k].cpu()] for k in KV_METRICS}
-            out[name]["rank_eps_pooled"] = pooled_rank(heads[name], eps)
+            # one sample: its tokens are the pool, whose spectrum s_one holds already
+            out[name]["rank_eps_pooled"] = (list(out[name]["rank_eps"]) if shape[0] == 1
+                                            else pooled_rank(heads[name], eps))
     G, K, V = heads["k"].shape[1], heads["k"].shape[-1], heads["v"].shape[-1]
     rope = "k_pre_rope" in heads
     order = ("k", "v", "k_pre_rope") if rope else ("k", "v")

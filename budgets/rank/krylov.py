@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .spectra import one_thread
+from .eigen import one_thread
 
 # Stop(idx [a], theta [a, d], rho [a, d], products) -> settled [a]: theta the Ritz values
 # (descending), rho their residual norms, products the vectors M has been applied to.

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .spectra import one_thread, spectrum
+from .eigen import eigvalsh
+from .spectra import centered_pair, spectrum
 
 METRICS = (
     "rank_eps",
@@ -73,6 +74,12 @@ def singular_values(A, center: bool = False) -> torch.Tensor:
     return spectrum(as_matrices(A), center=center)
 
 
+def singular_value_pair(A) -> tuple[torch.Tensor, torch.Tensor]:
+    """(singular_values(A), singular_values(A, center=True)) from one Gram product and one
+    eigensolver batch (spectra.centered_pair): a mixing matrix's raw and centered metrics."""
+    return centered_pair(as_matrices(A))
+
+
 def spectrum_metrics(s: torch.Tensor, shape: tuple[int, int], eps: float = 0.1
                      ) -> dict[str, torch.Tensor]:
     """All METRICS from singular values s [..., k] (descending) of matrices of `shape` (m, n)."""
@@ -109,8 +116,7 @@ def spectrum_metrics(s: torch.Tensor, shape: tuple[int, int], eps: float = 0.1
 def gram_rank_eps(gram: torch.Tensor, rows: int, eps: float) -> torch.Tensor:
     """rank_eps [G] of matrices of `rows` rows known by their Gram matrices A^T A
     [G, K, K] (fp64): the singular values are the square roots of its eigenvalues."""
-    with one_thread():
-        s = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp(min=0.0).sqrt()  # [G, K]
+    s = eigvalsh(gram.double()).flip(-1).clamp(min=0.0).sqrt()  # [G, K]
     return spectrum_metrics(s, (rows, gram.shape[-1]), eps)["rank_eps"]
 
 

@@ -3,6 +3,7 @@
     s = spectrum(A)                    # A [..., m, n] -> s [..., min(m, n)], descending
     s = spectrum(A, center=True)       # of A - 1 mean_rows(A)
     s = product_spectrum(L, R)         # of L @ R^T, L [..., m, r], R [..., n, r], never formed
+    s, s_c = centered_pair(A)          # spectrum(A) and spectrum(A, center=True), one Gram
 
 The exact method is picked from the dtype alone (choose_method; docs/METRICS.md, "How the
 spectra are computed"):
@@ -15,9 +16,13 @@ spectra are computed"):
   svd    torch.linalg.svdvals, for fp64 input, whose numerical rank asks for s_i down to
          ~1e-16 * s_1, which a Gram matrix cannot resolve.
 
-Both run as one batched call on the tensors' device (CUDA when the model is there). Not
-one matrix per Python thread: each LAPACK call starts its own OpenMP team, and two teams
-spinning on the same cores made a probe 100x slower (measured: 183 s instead of ~2 s).
+Both run on the tensors' device (CUDA when the model is there: one batched call). On a
+CPU a batch is spread over worker threads, each LAPACK call on one thread (eigen.py): never
+two OpenMP teams on the same cores, which made a probe 100x slower (183 s instead of ~2 s).
+
+A matrix and its centered form share one Gram product: the centered Gram is the raw one
+projected (C G C, C = I - 1 1^T / m), in fp64 from the fp32 data; and both go to the
+eigensolver as one batch.
 """
 
 from __future__ import annotations
@@ -27,36 +32,29 @@ from collections.abc import Callable
 
 import torch
 
+from .eigen import eigvalsh, spread
+
 Method = Callable[[torch.Tensor], torch.Tensor]
 
 
-@contextlib.contextmanager
-def one_thread():
-    """Eigensolvers on one thread. LAPACK's tridiagonalization synchronizes its OpenMP team
-    O(n) times, and on a loaded machine each synchronization waits for a time slice:
-    measured on 2 shared cores, two 576 x 576 eigvalsh took 10.8 s on two threads and
-    0.058 s on one, nine 1024 x 1024 4.0 s and 1.2 s (matmuls, with few synchronizations,
-    keep every thread)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _svd(A: torch.Tensor) -> torch.Tensor:
-    with one_thread():
-        return torch.linalg.svdvals(A)  # [..., min(m, n)]
+    return spread(torch.linalg.svdvals, A)  # [..., min(m, n)]
+
+
+def _gram(A: torch.Tensor) -> torch.Tensor:
+    """The smaller Gram matrix [..., k, k] of fp64 A [..., m, n], k = min(m, n)."""
+    m, n = A.shape[-2:]
+    return A @ A.mT if m <= n else A.mT @ A
+
+
+def _values(G: torch.Tensor) -> torch.Tensor:
+    """Singular values, descending, from Gram matrices G [..., k, k]."""
+    lam = eigvalsh(G)  # ascending; tiny negatives are rounding
+    return lam.flip(-1).clamp_min(0).sqrt()
 
 
 def _gram_values(A: torch.Tensor) -> torch.Tensor:
-    A = A.to(torch.float64)
-    m, n = A.shape[-2:]
-    G = A @ A.mT if m <= n else A.mT @ A  # [..., min(m, n), min(m, n)]
-    with one_thread():
-        lam = torch.linalg.eigvalsh(G)  # ascending; tiny negatives are rounding
-    return lam.flip(-1).clamp_min(0).sqrt()
+    return _values(_gram(A.to(torch.float64)))
 
 
 METHODS: dict[str, Method] = {"svd": _svd, "gram": _gram_values}
@@ -99,6 +97,38 @@ def spectrum(A: torch.Tensor, center: bool = False, method: str = "auto") -> tor
     if name not in METHODS:
         raise ValueError(f"unknown spectrum method {method!r}; one of auto, {', '.join(METHODS)}")
     return METHODS[name](A).to(A.dtype)
+
+
+def _centered_gram(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """The Gram matrix of A - 1 mean_rows(A) from A's own, G = _gram(A): on the rows' side
+    (A A^T) C G C with C = I - 1 1^T / m, on the columns' side (A^T A) G - m mu mu^T.
+    Rounding: ~1e-16 ||A||^2 per entry in fp64, where centering the fp32 data first
+    rounds each entry to ~6e-8 of its size (docs/METRICS.md, "How the spectra are
+    computed")."""
+    m, n = A.shape[-2:]
+    if m <= n:
+        r = G.mean(-1, keepdim=True)  # G 1 / m: [..., m, 1]
+        return G - r - r.mT + r.mean(-2, keepdim=True)
+    mu = A.mean(-2)  # [..., n]
+    return G - m * (mu.unsqueeze(-1) * mu.unsqueeze(-2))
+
+
+def _pair_values(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    A = A.to(torch.float64)
+    G = _gram(A)
+    s = _values(torch.stack([G, _centered_gram(G, A)]))  # one batch for the eigensolver
+    return s[0], s[1]
+
+
+def centered_pair(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(spectrum(A), spectrum(A, center=True)) of a validated fp32/fp64 batch A [..., m, n]:
+    for fp32 one Gram product, the centered Gram derived from it, one eigensolver batch;
+    the raw values bit-identical to spectrum(A)'s. fp64 input (or a forced method other
+    than gram) takes the two spectra as they are."""
+    if choose_method(A) != "gram" or min(A.shape[-2:]) == 0:
+        return spectrum(A), spectrum(A, center=True)
+    s, s_c = _pair_values(A)
+    return s.to(A.dtype), s_c.to(A.dtype)
 
 
 def product_spectrum(L: torch.Tensor, R: torch.Tensor, scale: float = 1.0) -> torch.Tensor:

@@ -24,6 +24,7 @@ import zoo
 from budgets.hf.geometry import Geometry
 from budgets.hf.probe import ProbeProgress, probe_hf_model
 from budgets.probe.blocks import MATFREE_FROM
+from budgets.rank.eigen import eigensolver_text
 
 from .model_dir import (
     adapter_dir,
@@ -151,7 +152,8 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     source = {"hf": str(model_dir), "model_type": g.model_type, "text": str(text),
               "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
               "probe_size": probe_size, "seq_len": seq_len, "device": str(where),
-              "dtype": dtype, "n_layers": g.n_layers, "bos": bos_text(tokenizer, bos),
+              "eigensolver": eigensolver_text(where), "dtype": dtype,
+              "n_layers": g.n_layers, "bos": bos_text(tokenizer, bos),
               **({"layers": measured_layers(probe)} if layers else {}),
               **({"adapter": str(Path(adapter))} if adapter is not None else {}),
               # a GGUF file: its tensors' storage types (the probe reads them dequantized)

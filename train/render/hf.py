@@ -134,7 +134,8 @@ def hf_markdown(report: dict) -> str:
     src = report["source"]
     model = f"{src.get('hf', report['variants'][0]['variant'])} ({src.get('model_type', '?')})"
     lines = ["## Probe", "", f"- model: {model}", f"- {probe_source_text(report)}",
-             *([f"- device {src['device']}, dtype {src['dtype']}"]
+             *([f"- device {src['device']}, dtype {src['dtype']}"
+                + (f"; eigensolver {src['eigensolver']}" if "eigensolver" in src else "")]
                if "device" in src and "dtype" in src else []),
              *([f"- {unmeasured_line(report)}"] if unmeasured_line(report) else []),
              *([f"- {shared_line(report)}"] if shared_line(report) else []),

@@ -1,0 +1,131 @@
+"""The eigensolvers on the cores (budgets/rank/eigen.py) and the centered pair of spectra
+(spectra.centered_pair): the same values as one serial call, one LAPACK thread in every
+worker, the centered Gram as exact as the fp64 SVD."""
+
+import threading
+
+import pytest
+import torch
+
+from budgets.rank import eigen
+from budgets.rank.eigen import EigPlan, eig_plan, eigvalsh, forced_workers, one_thread, spread
+from budgets.rank.metrics import singular_value_pair, singular_values, spectrum_metrics
+from budgets.rank.spectra import centered_pair, spectrum
+
+
+def grams(batch: int, n: int, seed: int = 0) -> torch.Tensor:
+    X = torch.randn(batch, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    return X @ X.mT
+
+
+def test_spread_values_are_bit_identical_to_one_serial_call():
+    G = grams(7, eigen.SPREAD_FROM)
+    with one_thread():
+        want = torch.linalg.eigvalsh(G)
+    for workers in (1, 2, 3):
+        with forced_workers(workers):
+            assert torch.equal(eigvalsh(G), want)
+    with forced_workers(2):  # leading dims kept
+        assert torch.equal(eigvalsh(G.view(7, 1, *G.shape[-2:])), want.view(7, 1, -1))
+
+
+def test_workers_run_one_thread_and_leave_the_callers_count():
+    """No OpenMP team beside another: every worker computes on one thread, and the
+    caller's thread count comes back after the call."""
+    seen = []
+
+    def record(A: torch.Tensor) -> torch.Tensor:
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return A.sum((-2, -1))
+
+    before = torch.get_num_threads()
+    with forced_workers(2):
+        out = spread(record, torch.ones(16, eigen.SPREAD_FROM, eigen.SPREAD_FROM))
+    assert torch.get_num_threads() == before
+    assert out.shape == (16,)
+    assert {n for _, n in seen} == {1}
+    assert any(name.startswith("rankzoo-eig") for name, _ in seen)
+
+
+def test_small_or_single_matrices_stay_in_one_call():
+    calls = []
+
+    def count(A):
+        calls.append(A.shape[0])
+        return A.sum(-1)
+
+    with forced_workers(4):
+        spread(count, torch.ones(32, 8, 8))  # below SPREAD_FROM
+        spread(count, torch.ones(1, 200, 200))
+    assert calls == [32, 1]
+
+
+def test_plan_is_timed_once_and_described(monkeypatch):
+    eigen._plan.cache_clear()
+    timed = []
+    monkeypatch.setattr(eigen, "_seconds", lambda G, w: timed.append(w) or {1: 1.0}.get(w, 0.6))
+    try:
+        plan = eigen._plan(4)
+        assert plan == EigPlan(4, 4, 1.0, 0.6) and timed == [1, 4]
+        assert eigen._plan(4) is plan and timed == [1, 4]  # cached
+        assert "4 workers x 1 thread" in plan.describe() and "1 worker 1.000 s" in plan.describe()
+        # under SPREAD_MAX_SHARE only: 0.8 of one worker's time keeps one worker
+        monkeypatch.setattr(eigen, "_seconds", lambda G, w: {1: 1.0}.get(w, 0.8))
+        assert eigen._plan(3).workers == 1
+        assert eigen._plan(1) == EigPlan(1, 1, None, None)
+    finally:
+        eigen._plan.cache_clear()
+
+
+def test_plan_counts_the_cores_outside_one_thread():
+    outside = eigen.cores()
+    with one_thread():
+        assert torch.get_num_threads() == 1 and eigen.cores() == outside
+    assert eig_plan().cores == outside
+
+
+def test_forced_workers_refuses_zero():
+    with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
+        with forced_workers(0):
+            pass
+
+
+def causal_softmax(B: int, H: int, T: int, scale: float = 3.0) -> torch.Tensor:
+    S = torch.randn(B, H, T, T, generator=torch.Generator().manual_seed(1)) * scale
+    return torch.softmax(S.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")), -1)
+
+
+@pytest.mark.parametrize("m, n", [(48, 48), (60, 20), (20, 60)])
+def test_centered_pair_raw_is_spectrum_and_centered_is_exact(m, n):
+    """The raw values bit-identical to spectrum(A); the centered ones, from the raw Gram,
+    at least as close to the fp64 SVD of the fp64-centered matrix as centering in fp32."""
+    A = torch.rand(3, m, n, generator=torch.Generator().manual_seed(2)) ** 4
+    s, s_c = centered_pair(A)
+    assert torch.equal(s, spectrum(A))
+    Ad = A.double()
+    exact = torch.linalg.svdvals(Ad - Ad.mean(-2, keepdim=True))
+    err_new = (s_c.double() - exact).abs().max()
+    err_old = (spectrum(A, center=True).double() - exact).abs().max()
+    assert err_new <= max(err_old, 1e-7 * float(exact[..., 0].max()))
+    torch.testing.assert_close(s_c.double(), exact, atol=1e-6, rtol=0)
+
+
+def test_mixing_pair_metrics_agree_with_two_spectra():
+    """What the probe reports of a softmax mixing matrix: raw metrics equal, centered
+    ones within the tolerance docs/METRICS.md states (1e-5 relative, counts equal here)."""
+    P = causal_softmax(2, 3, 128)
+    s, s_c = singular_value_pair(P)
+    old_c = singular_values(P, center=True)
+    assert torch.equal(s, singular_values(P))
+    a, b = spectrum_metrics(s_c, (128, 128)), spectrum_metrics(old_c, (128, 128))
+    for name in ("rank_eps", "numerical_rank"):
+        assert torch.equal(a[name], b[name])
+    for name in ("erank", "stable_rank", "participation_ratio", "sigma_1", "sigma_ratio"):
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=0)
+
+
+def test_centered_pair_of_fp64_takes_the_svd():
+    A = torch.rand(2, 10, 6, dtype=torch.float64)
+    s, s_c = centered_pair(A)
+    assert s.dtype == torch.float64
+    assert torch.equal(s_c, spectrum(A, center=True))
