@@ -58,7 +58,7 @@ def within(a, b, tol) -> tuple[bool, float]:
     """(inside the tolerance, the relative difference or, for counts, the difference)."""
     if isinstance(tol, tuple):  # ("count", n): whole counts that may move by n
         return abs(a - b) <= tol[1], abs(a - b)
-    if isinstance(a, bool) or isinstance(a, str) or a is None or b is None:
+    if isinstance(a, bool | str) or a is None or b is None:
         return a == b, 0.0 if a == b else float("inf")
     if isinstance(a, int) and isinstance(b, int):
         return a == b, float(abs(a - b))

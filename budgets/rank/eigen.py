@@ -10,14 +10,14 @@ Why workers, not LAPACK's OpenMP team. The tridiagonalization behind eigvalsh sy
 its team O(n) times, and on a loaded machine each synchronization waits for a time slice:
 on 2 shared cores two 576 x 576 eigvalsh took 10.8 s on two threads and 0.058 s on one. A
 worker thread on one LAPACK thread waits for no one: under load the workers share the
-cores, at worst as slow as one thread, never 100x slower. On a quiet machine they use every
-core: [9, 1024, 1024] fp64 on 2 cores (AMD EPYC, AVX-512) took 0.41 s over 2 workers
-against 0.55 s on a 2-thread team and 0.75 s on one thread.
+cores, at worst as slow as one thread, never 100x slower; on a quiet machine they use every
+core.
 
 No oversubscription: the workers run only inside one_thread(), each task sets torch's and
 MKL's counts to one in its own thread (MKL's count is per thread: a fresh worker would
-otherwise run LAPACK on every core), and the calling thread waits while they work. Each matrix is decomposed by the same one-thread
-LAPACK call as in a serial batch, so the values are bit-identical to the serial ones.
+otherwise run LAPACK on every core), and the calling thread waits while they work. Each
+matrix is decomposed by the same one-thread LAPACK call as in a serial batch, so the
+values are bit-identical to the serial ones.
 
 The worker count is chosen as Muon chooses its Newton-Schulz dtype (train/harness/muon.py):
 a short timed probe, once per process, of one worker against all cores; all only where

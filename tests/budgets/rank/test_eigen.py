@@ -85,9 +85,8 @@ def test_plan_counts_the_cores_outside_one_thread():
 
 
 def test_forced_workers_refuses_zero():
-    with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
-        with forced_workers(0):
-            pass
+    with pytest.raises(ValueError, match="workers must be at least 1, got 0"), forced_workers(0):
+        pass
 
 
 def causal_softmax(B: int, H: int, T: int, scale: float = 3.0) -> torch.Tensor:
