@@ -78,6 +78,13 @@ LINEAR_MIXERS = {
     # lightning attention (decayed linear attention, blocks of 16 tokens), then softmax
     "minimax": dict(MOE, layer_types=["linear_attention", "full_attention"], block_size=16),
 }
+# hybrids of Mamba layers beside attention in layers of their own: jamba's attention in
+# layer 2 of 4, Mamba-1 (128 inner channels, state N = 16) in layers 0, 1 and 3
+SSM_HYBRIDS = {
+    "jamba": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=2,
+                  expert_layer_period=2, expert_layer_offset=1, mamba_d_state=16,
+                  mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8),
+}
 # models whose mixers no capture reads (named in the report as not measured)
 OTHER_MIXERS = {
     "xlstm": dict(embedding_dim=D, num_heads=H, num_blocks=2, qk_dim_factor=0.5,
@@ -100,7 +107,7 @@ ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
 def tiny_config(model_type: str, **extra):
     """The config of a tiny `model_type` with TINY's overrides and `extra`."""
     transformers = import_transformers()
-    known = {**TINY, **LINEAR_MIXERS, **OTHER_MIXERS, **SPECIAL}
+    known = {**TINY, **LINEAR_MIXERS, **SSM_HYBRIDS, **OTHER_MIXERS, **SPECIAL}
     sizes = {**COMMON, **known.get(model_type, {}), **extra}
     sizes = {k: v for k, v in sizes.items() if v is not None}
     config = transformers.AutoConfig.for_model(model_type, **sizes)

@@ -119,9 +119,9 @@ def hf_prediction(target: HFTarget, cal: Calibration, eps: float, nbytes: int, T
     rank_eps per KV head of its sequences stacked at eps, rounded up, by kv_option)."""
     key = target.keys.field
     ranks = {}
-    for i in range(target.g.n_layers):
-        kv = {"n_kv_heads": target.g.n_kv_heads, "head_dim": target.g.head_dim,
-              "v_head_dim": target.g.head_dim, "rope": target.rope,
+    for i, layer in target.at.items():  # the attention layers, by the model's numbers
+        _, G, K, V = layer.shape
+        kv = {"n_kv_heads": G, "head_dim": K, "v_head_dim": V, "rope": target.rope,
               key: {"rank_eps_pooled": cal.stats[(i, "k")].rank_eps_pooled(eps)},
               "v": {"rank_eps_pooled": cal.stats[(i, "v")].rank_eps_pooled(eps)}}
         opt = kv_option(kv, key, nbytes, T)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from torch import nn
@@ -97,6 +98,10 @@ def document(source: dict, target: Target, cal: Calibration, options: CompressOp
     return {
         "schema": SCHEMA, "version": SCHEMA_VERSION, "source": source,
         "model": target.describe(), "family": target.family,
+        # the model's own layer numbers: the layers compressed (the rows' ranks in this
+        # order), and a hybrid's others, their state kept in full
+        "layers": sorted({s.layer for s in target.slots}),
+        "kept": [asdict(k) for k in target.kept],
         "keys": target.keys if target.caches_kv else None,
         "rope": bool(target.rope),
         "cache_dtype": cache_dtype(options.cache_dtype), "bytes_per_element": nbytes,

@@ -272,3 +272,102 @@ def test_hf_output_gains_predict_the_attention_error_on_one_scale(model_type):
             measured = float((out - base[s.layer]).double().square().sum(-1).mean())
             predicted = float(cal.energy[s.key][:, r:].sum()) * cal.residual[s.layer]
             assert 1 / 3 < measured / predicted < 3.0, (s.key, r, measured, predicted)
+
+
+# hybrids: the attention layers' KV caches compressed, every other mixer's state kept
+HYBRIDS = {  # model type -> (attention layers, what the header names as kept)
+    "qwen3_next": ([3], "layers 0-2 (Qwen3NextGatedDeltaNet) keep their state in full"),
+    "jamba": ([2], "layers 0-1, 3 (JambaMambaMixer) keep their state in full"),
+    "falcon_h1": ([0, 1], "layers 0-1 (FalconH1Mixer) keep their state in full"),
+    "lfm2": ([1], "layers 0, 2 (Lfm2ShortConv) keep their state in full"),
+}
+
+
+def _logits(target: HFTarget, ids: torch.Tensor) -> torch.Tensor:
+    return HFTarget.logits(target.model, ids).double()
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_hybrid_compresses_its_attention_layers_by_their_own_numbers(model_type):
+    from tests.hf_tiny import tiny_model
+
+    numbers, kept = HYBRIDS[model_type]
+    target = HFTarget(tiny_model(model_type))
+    paths = [int(layer.name.split(".")[2]) for layer in target.layers]  # model.layers.N.x
+    assert [s.layer for s in target.slots][::2] == paths == numbers
+    assert kept in target.describe() and "counted in B/token" in target.describe()
+    ids = torch.randint(3, 128, (3, 24), generator=torch.Generator().manual_seed(0))
+    residual = {}
+    target.activations(ids, residual=residual)
+    assert sorted(residual) == numbers  # the stream entering each attention layer
+    cal = exact_at_full_rank(target, ids, 3, "output", exact=2e-5, moved=1e-4)
+    before = _logits(target, ids)
+    full = {s.key: projectors(cal.bases[s.key], [s.width] * s.heads, cal.encoders[s.key])
+            for s in target.slots}
+    with target.projected(full):
+        assert (_logits(target, ids) - before).abs().max() < 1e-4
+
+
+def test_hybrid_states_are_counted_once_per_sequence():
+    from tests.hf_tiny import tiny_model
+    from train.commands.compress.bases.lowrank import cache_bytes, full_ranks
+
+    target = HFTarget(tiny_model("qwen3_next"))
+    # 3 Gated DeltaNet layers: conv state (2 x 32 key + 64 value channels) x kernel 4, and
+    # the delta state, 4 value heads x K 16 x V 16
+    assert [(k.layer, k.elements) for k in target.kept] == [(n, 128 * 4 + 4 * 16 * 16)
+                                                            for n in range(3)]
+    kv = 2 * 2 * 16 * 2  # keys and values of 2 KV heads of 16, at 2 bytes
+    for T in (32, 1024):
+        full = cache_bytes(target.slots, full_ranks(target.slots), 2, T)
+        assert full["full_bytes_per_token"] == pytest.approx(kv + 3 * 1536 * 2 / T)
+
+
+def test_hybrid_save_decodes_through_the_low_rank_cache(texts, tmp_path):
+    from tests.hf_tiny import tiny_model
+
+    calib_text, eval_text = texts
+    for model_type in ("falcon_h1", "jamba"):
+        tiny_model(model_type).save_pretrained(tmp_path / model_type)
+        doc = compress_hf(tmp_path / model_type, calib_text, eval_text,
+                          CompressOptions(ratios=(1.2,), tolerance=5, cache_dtype="float32",
+                                          save=str(tmp_path / f"{model_type}-small")),
+                          seq_len=32)
+        assert doc["layers"] == HYBRIDS[model_type][0]
+        kept = {"falcon_h1": [0, 1], "jamba": [0, 1, 3]}[model_type]
+        assert [k["layer"] for k in doc["kept"]] == kept
+        check = doc["saved"]["cache"]  # the states beside the codes, as the row counts
+        assert check["held_bytes"] == check["reported_bytes"], (model_type, check)
+        assert check["max_logit_error"] < 1e-4, (model_type, check)
+
+
+def test_hybrid_save_refused_before_any_work_where_it_is_no_change_of_weights(
+        texts, tmp_path, capsys):
+    from tests.hf_tiny import tiny_model
+
+    tiny_model("qwen3_next").save_pretrained(tmp_path / "qwen3_next")
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, out, err = _cli(capsys, "--hf", tmp_path / "qwen3_next", "--text", texts[0],
+                          "--eval-text", texts[1], "--seq-len", 16, "--save", tmp_path / "s")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "normalizes its keys (k_norm)" in err and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("model_type, message", [
+    # its hybrid layers' attention: one module per layer, one W_K shared by layers 1 and 3
+    ("zamba", "attention layers model.layers.1.shared_transf.self_attn, "
+              "model.layers.3.shared_transf.self_attn share their weights"),
+    # lightning attention's state lives in a cache class of its own: no low-rank decoding
+    ("minimax", "--save {save}: the minimax model keeps its cache in a MiniMaxCache"),
+])
+def test_hybrid_refused_in_one_line_before_any_work(model_type, message, texts, tmp_path,
+                                                   capsys):
+    from tests.hf_tiny import tiny_model
+
+    tiny_model(model_type).save_pretrained(tmp_path / model_type)
+    capsys.readouterr()  # save_pretrained's progress bar
+    save = tmp_path / "s"
+    code, out, err = _cli(capsys, "--hf", tmp_path / model_type, "--text", texts[0],
+                          "--eval-text", texts[1], "--seq-len", 16, "--save", save)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert message.format(save=save) in err and not save.exists()

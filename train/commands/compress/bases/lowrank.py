@@ -87,7 +87,9 @@ class Slot:
     # that caches one code per token and kept direction
     columns: int | None = None
     fixed_per_token: int = 0  # elements cached in full beside, per token (MLA's RoPE key)
-    fixed_per_sequence: int = 0  # ... per sequence (an SSM's conv state)
+    # ... per sequence (an SSM's conv state; beside a hybrid's KV slot, its other mixers'
+    # states)
+    fixed_per_sequence: int = 0
     window: int | None = None  # a sliding window's W: the cache holds min(W, T) tokens
 
     def __post_init__(self) -> None:
@@ -269,9 +271,11 @@ def slot_bytes(slot: Slot, ranks: list[int], nbytes: int, T: int,
     model = CostModel.SHARED if shared else CostModel.PER_SEQUENCE
     if slot.columns is None:  # one code per token kept and kept direction
         held = 1.0 if slot.window is None else min(slot.window, T) / T  # of the T tokens
-        codes = (low["bytes_per_token"] + slot.fixed_per_token * nbytes) * held
+        # beside, per sequence: a hybrid's other mixers' states, kept in full
+        fixed = slot.fixed_per_sequence * nbytes / T
+        codes = (low["bytes_per_token"] + slot.fixed_per_token * nbytes) * held + fixed
         full = full_cache_bytes([slot.width] * slot.heads + [slot.fixed_per_token],
-                                nbytes) * held
+                                nbytes) * held + fixed
     else:  # a state: per sequence `columns` elements per kept direction, plus the basis
         codes = (slot.columns * low["bytes_per_token"] + slot.fixed_per_sequence * nbytes) / T
         full = full_cache_bytes([slot.width * slot.columns] * slot.heads

@@ -44,7 +44,7 @@ class Saved:
     """A compressed model as saved, with the codecs its cache encodes and rebuilds with."""
 
     model: nn.Module
-    codes: list  # per layer (keys' SlotCodes, values' SlotCodes)
+    codes: dict  # per layer number, (keys' SlotCodes, values' SlotCodes)
     info: dict  # compress.json
     kind: str  # "hf" or "zoo"
     dtype: torch.dtype  # of the codes: the cache dtype the row counts bytes at

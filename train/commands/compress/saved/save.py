@@ -34,8 +34,8 @@ from ..target.protocol import Target
 from ..target.surgery import Surgery
 
 # the document's fields compress.json repeats beside the saved row
-SAVED_FIELDS = ("schema", "version", "source", "model", "family", "keys", "rope",
-                "cache_dtype", "bytes_per_element", "length")
+SAVED_FIELDS = ("schema", "version", "source", "model", "layers", "kept", "family", "keys",
+                "rope", "cache_dtype", "bytes_per_element", "length")
 
 
 def check_save_dir(save: str | None, saveable: str | None = None) -> None:
@@ -152,13 +152,16 @@ def _check_cache(out: Path, info: dict, sample: torch.Tensor, reference: torch.T
 
     try:
         saved = load_saved(out, info, str(reference.device))
+        check = measure_saved(saved, sample, reference)  # a partial RoPE fails at decoding
     except ValueError as e:
         notes.append(f"save={out}: written, but not decoded through the low-rank cache: {e}")
         return None
-    check = measure_saved(saved, sample, reference)
     if check["held_bytes"] != check["reported_bytes"]:
+        why = ("; a hybrid's kept states are held at the model's dtype, counted at the "
+               "cache dtype" if info.get("kept") else "")
         notes.append(f"save={out}: the low-rank cache held {check['held_bytes']} B for "
-                     f"{check['tokens']} tokens, the row counts {check['reported_bytes']:g}")
+                     f"{check['tokens']} tokens, the row counts {check['reported_bytes']:g}"
+                     f"{why}")
     return check
 
 

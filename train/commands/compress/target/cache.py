@@ -105,18 +105,19 @@ SPAN_HINT = ("the weights are not the ones saved with these bases, or the model'
              "turns back")
 
 
-def layer_codes(bases: dict) -> list[tuple[SlotCodes, SlotCodes]]:
-    """Per layer, (keys' codec, values' codec) from bases.pt's document (saved/save.py)."""
+def layer_codes(bases: dict) -> dict[int, tuple[SlotCodes, SlotCodes]]:
+    """Per layer (the model's number: a hybrid's attention layers only), (keys' codec,
+    values' codec) from bases.pt's document (saved/save.py)."""
     layers = sorted({int(key.split(".")[0]) for key in bases["bases"]})
     missing = [f"{i}.{kind}" for i in layers for kind in ("k", "v")
                if f"{i}.{kind}" not in bases["bases"]]
-    if missing or layers != list(range(len(layers))):
-        raise ValueError(f"bases.pt: a KV cache needs keys and values of every layer "
-                         f"0..{len(layers) - 1}; missing {missing or 'layers'}")
+    if missing or not layers:
+        raise ValueError(f"bases.pt: a KV cache needs keys and values of every layer it "
+                         f"holds ({layers}); missing {missing or 'every layer'}")
 
     def codec(key: str) -> SlotCodes:
         return SlotCodes(bases["bases"][key], bases["encoders"].get(key), f"layer {key}")
-    return [(codec(f"{i}.k"), codec(f"{i}.v")) for i in layers]
+    return {i: (codec(f"{i}.k"), codec(f"{i}.v")) for i in layers}
 
 
 # ---------------------------------------------------------------- RoPE, undone and redone
@@ -174,19 +175,21 @@ class LowRankKVCache:
         return self.k.nbytes + self.v.nbytes
 
 
-def zoo_caches(model, layers: list[tuple[SlotCodes, SlotCodes]], batch: int, max_len: int,
-               dtype: torch.dtype) -> list[LowRankKVCache]:
+def zoo_caches(model, layers: dict[int, tuple[SlotCodes, SlotCodes]], batch: int,
+               max_len: int, dtype: torch.dtype) -> list[LowRankKVCache]:
     """One LowRankKVCache per layer of a DecoderLM whose blocks cache keys and values in
     full (softmax's KVCache), for up to max_len tokens; a block of another cache (a
     window's ring, a latent, a state) is refused in one line."""
     from zoo.softmax import KVCache
 
     blocks = [layer.mixer for layer in model.layers]
-    if len(blocks) != len(layers):
-        raise ValueError(f"bases.pt holds {len(layers)} layers, the model {len(blocks)}")
+    if sorted(layers) != list(range(len(blocks))):
+        raise ValueError(f"bases.pt holds layers {sorted(layers)}, the model "
+                         f"0-{len(blocks) - 1}")
     out = []
     where = next(model.parameters()).device
-    for i, (block, (keys, values)) in enumerate(zip(blocks, layers, strict=True)):
+    for i, block in enumerate(blocks):
+        keys, values = layers[i]
         plain = block.init_cache(1, 1)
         if type(plain) is not KVCache:
             raise ValueError(f"layer {i} ({block.kind}) caches a {type(plain).__name__}: the "
@@ -211,8 +214,16 @@ def kv_only(info: dict) -> str | None:
 
 def held_bytes(cache) -> int:
     """The bytes of every tensor a cache holds (a zoo list of LowRankKVCache, or a Hugging
-    Face Cache's layers' keys and values): what it really occupies, bases not included."""
+    Face Cache's layers' keys and values, and a hybrid's conv and recurrent states): what
+    it really occupies, at the dtype it holds each at, bases not included."""
     if isinstance(cache, list):
         return sum(c.nbytes for c in cache)
-    return sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)
+    return sum(t.nbytes for layer in cache.layers for t in _held(layer)
                if isinstance(t, torch.Tensor))
+
+
+def _held(layer) -> list:
+    """A transformers cache layer's tensors: keys, values, and states where it has any."""
+    return [getattr(layer, "keys", None), getattr(layer, "values", None),
+            *(getattr(layer, "conv_states", None) or {}).values(),
+            *(getattr(layer, "recurrent_states", None) or {}).values()]

@@ -37,6 +37,7 @@ from ..bases.readout import Weight, readout_weights
 from ..bases.windows import head_mask, window_effects
 from ..options import resolve_keys
 from .cache import kv_only
+from .hf_layers import attention_numbers, kept_mixers, kept_text, kept_verb, spans
 from .protocol import PerSequence
 from .surgery import Surgery, projected, watching
 
@@ -61,34 +62,53 @@ class HFTarget:
     def __init__(self, model: nn.Module, keys: str = "auto"):
         self.model = model.eval()
         self.g = Geometry.from_config(model.config)
+        ids = _discovery_ids(model)
         with torch.no_grad():
-            self.layers = hf_layer_maps(model, _discovery_ids(model))
+            self.layers = hf_layer_maps(model, ids)
         self.rope = any(layer.rope for layer in self.layers)
         self.keys = resolve_keys(keys, self.rope, f"the {self.g.model_type} model")
         self._check()
-        self.index = {layer.module: i for i, layer in enumerate(self.layers)}
+        # every layer by the model's own number (its index in the layer list), never by
+        # its place among the attention layers: a hybrid's attention is layer 3 of 4
+        self.numbers = attention_numbers(model, self.layers)
+        self.at = dict(zip(self.numbers, self.layers, strict=True))
+        self.index = {layer.module: n for n, layer in self.at.items()}
+        # the other mixers (a hybrid's delta rule, SSM, short convolution): kept in full
+        self.kept = kept_mixers(model, ids, self.layers)
         # layers whose KV heads may be read through a window: those without one of their own
-        self.window_layers = [i for i, layer in enumerate(self.layers) if layer.window is None]
-        self.slots = [s for i, layer in enumerate(self.layers)
-                      for s in (Slot(i, "k", layer.shape[1], layer.shape[2], window=layer.window),
-                                Slot(i, "v", layer.shape[1], layer.shape[3], window=layer.window))]
+        self.window_layers = [n for n, layer in self.at.items() if layer.window is None]
+        self.slots = [s for n, layer in self.at.items()
+                      for s in (Slot(n, "k", layer.shape[1], layer.shape[2], window=layer.window,
+                                     fixed_per_sequence=self._kept_elements(n)),
+                                Slot(n, "v", layer.shape[1], layer.shape[3], window=layer.window))]
+
+    def _kept_elements(self, n: int) -> int:
+        """The kept states' elements per sequence, carried by the first layer's keys (the
+        cache's size counts them once; a slot's share of it is no figure of its own)."""
+        counted = self.kept_counted
+        return sum(k.elements for k in self.kept) if counted and n == self.numbers[0] else 0
+
+    @property
+    def kept_counted(self) -> bool:
+        """Whether every kept state's size is known, and so counted in B/token."""
+        return all(k.elements is not None for k in self.kept)
 
     def _check(self) -> None:
         """A clear error for a layer whose cache cannot be projected through its weights."""
         if not self.layers:
             raise ValueError(f"the {self.g.model_type} model has no attention layer: compress "
                              f"projects KV caches (an SSM's state is not compressed here)")
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             need = ({"W_K": layer.k} if self.keys is Keys.PRE_ROPE else {}) | {"W_V": layer.v}
             missing = [name for name, rows in need.items() if rows is None]
             if missing:
-                raise ValueError(f"the {self.g.model_type} model's layer {i} ({layer.name}): "
+                raise ValueError(f"the {self.g.model_type} model's attention {layer.name}: "
                                  f"no linear of its input gives {', '.join(missing)} (a "
                                  f"latent cache, as MLA keeps); compress cannot project it")
         shapes = {layer.shape for layer in self.layers}
-        if len(self.layers) != self.g.n_layers or len(shapes) != 1:
+        if len(shapes) != 1:
             raise ValueError(f"the {self.g.model_type} model: compress reads models whose "
-                             f"{self.g.n_layers} layers all attend with one shape; found "
+                             f"attention layers all attend with one shape; found "
                              f"{len(self.layers)} attention layers of shapes {sorted(shapes)}")
 
     @property
@@ -104,7 +124,17 @@ class HFTarget:
                     f"RoPE, so their projection is not a change of W_K")
         if self.rotated:
             return "keys after RoPE are projected inside the attention, not through a weight"
-        return None
+        return self._hybrid_unserved() if self.kept else None
+
+    def _hybrid_unserved(self) -> str | None:
+        """Why a saved hybrid would not decode through the low-rank cache (its own cache of
+        another kind, a RoPE it cannot turn back): refused before any work rather than
+        written and then not decoded."""
+        from .hf_cache import unserved_hybrid, unserved_rotary  # transformers 4.56
+
+        K = self.layers[0].shape[2]
+        return ((unserved_rotary(self.model, K) if self.rope else None)
+                or unserved_hybrid(self.model, _discovery_ids(self.model)[:, :4], self.numbers))
 
     @property
     def rotated(self) -> bool:
@@ -113,8 +143,24 @@ class HFTarget:
 
     def describe(self) -> str:
         H, G, K, V = self.layers[0].shape
-        return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
-                f"V {V}); {self.keys.label_for(self.rope)}")
+        if not self.kept and self.numbers == list(range(self.g.n_layers)):
+            return (f"{self.g.model_type}: {len(self.layers)} layers x {G} KV heads x (K {K} + "
+                    f"V {V}); {self.keys.label_for(self.rope)}")
+        return (f"{self.g.model_type}: {len(self.layers)} of {self.g.n_layers} layers attend "
+                f"(layer{'s' if len(self.numbers) > 1 else ''} {spans(self.numbers)}, "
+                f"{type(self.layers[0].module).__name__}) x {G} KV heads x (K {K} + V {V}), "
+                f"{'their KV caches' if len(self.layers) > 1 else 'its KV cache'} "
+                f"compressed; {self._kept_text()}; "
+                f"{self.keys.label_for(self.rope)}")
+
+    def _kept_text(self) -> str:
+        """What the other mixers keep, and whether B/token counts it."""
+        if not self.kept:
+            return "no other mixer holds a state"
+        total = sum(k.elements or 0 for k in self.kept)
+        counted = (f"{total:,} elements per sequence, counted in B/token at T"
+                   if self.kept_counted else "not counted in B/token")
+        return f"{kept_text(self.kept)} {kept_verb(self.kept)} state in full ({counted})"
 
     # weights in squared output error per token (bases/readout.py)
     one_scale = True
@@ -141,14 +187,15 @@ class HFTarget:
             out = self.model(input_ids=ids, use_cache=False,
                              output_hidden_states=residual is not None)
         if residual is not None:
-            residual.update({i: float(h.double().square().sum(-1).mean())
-                             for i, h in enumerate(out.hidden_states[:len(self.layers)])})
+            # hidden_states[n] enters layer n: read at each attention layer's own number
+            residual.update({n: float(out.hidden_states[n].double().square().sum(-1).mean())
+                             for n in self.numbers})
         return acts
 
     def weights(self, i: int, call: AttentionCall) -> dict[tuple[int, str], Weight]:
         """Layer i's keys' and values' weights on one scale (readout_weights), from its
         attention, a block of query rows at a time; none without its W_O."""
-        layer = self.layers[i]
+        layer = self.at[i]
         w_o = None if layer.out is None else projection_weight(layer.out)
         H, _, _, V = layer.shape
         if w_o is None or w_o.shape[1] != H * V:
@@ -161,7 +208,7 @@ class HFTarget:
     def apply(self, surgery: Surgery, P: dict, windows: dict | None = None) -> None:
         """The projections, and the KV heads of `windows` ({(layer, g): (W, s)}) read
         through their window, applied to the model through `surgery`."""
-        for i, layer in enumerate(self.layers):
+        for i, layer in self.at.items():
             Pk, Pv = P[(i, "k")], P[(i, "v")]
             if self.normed_keys:
                 _project_norm(surgery, layer.k.through, Pk)
@@ -203,7 +250,7 @@ class HFTarget:
             B, H, T, _ = query.shape
             Tk = T if mask is None else mask.shape[-1]
             allowed = _allowed(mask, T, Tk, query.device)  # [B or 1, 1, T, Tk]
-            G = self.layers[self.index[module]].shape[1]
+            G = self.at[self.index[module]].shape[1]
             both = allowed & head_mask(T, H, G, heads, query.device, Tk)[None]
             if mask is None or mask.dtype == torch.bool:
                 return both
@@ -219,7 +266,7 @@ class HFTarget:
 
     def _watch(self, surgery: Surgery, record) -> None:
         if self.keys is Keys.PRE_ROPE:
-            for i, layer in enumerate(self.layers):
+            for i, layer in self.at.items():
                 _watch_keys(surgery, record, i, layer)
 
         def on_call(call: AttentionCall) -> None:
@@ -241,7 +288,7 @@ class HFTarget:
 
     def query_heads(self, i: int) -> int:
         """H: the query heads of layer i (a KV head serves H / G of them)."""
-        return self.layers[i].shape[0]
+        return self.at[i].shape[0]
 
     def loss_logits(self, ids: torch.Tensor, labels=None) -> torch.Tensor:
         """The logits [n, vocab] of every position that predicts a next token."""
@@ -270,7 +317,7 @@ class HFTarget:
         (a fused projection once, with each of its projected heads' rows)."""
         weight_keys = not (self.normed_keys or self.rotated)  # compress projects W_K's rows
         sites: dict[nn.Module, list] = {}
-        for i, layer in enumerate(self.layers):
+        for i, layer in self.at.items():
             for rows, key in ((layer.q, None), (layer.k, (i, "k") if weight_keys else None),
                               (layer.v, (i, "v"))):
                 if rows is not None:
@@ -298,7 +345,7 @@ class HFTarget:
         return kv_only(info)
 
     @staticmethod
-    def lowrank_cache(model: nn.Module, codes: list, dtype: torch.dtype, info: dict,
+    def lowrank_cache(model: nn.Module, codes: dict, dtype: torch.dtype, info: dict,
                       batch: int, max_len: int | None):
         """A transformers Cache of codes, grown as tokens come (batch and max_len unused);
         its keys turned back by RoPE's angles where their bases live before RoPE."""

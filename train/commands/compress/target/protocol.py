@@ -51,6 +51,9 @@ class Target(Protocol):
     rope: bool  # the keys are rotated by RoPE
     slots: Sequence[Slot]  # what is cached, per layer and kind
     window_layers: Sequence[int]  # the layers whose KV heads may be read through a window
+    # a hybrid's other mixers, their state kept in full (hf_layers.py Kept: layer, kind,
+    # elements per sequence); none in a model of one family
+    kept: Sequence
 
     @property
     def one_scale(self) -> bool:
@@ -121,7 +124,7 @@ class Target(Protocol):
         ...
 
     @staticmethod
-    def lowrank_cache(model: nn.Module, codes: list, dtype: torch.dtype, info: dict,
+    def lowrank_cache(model: nn.Module, codes: dict, dtype: torch.dtype, info: dict,
                       batch: int, max_len: int | None):
         """An empty low-rank cache of codes for `batch` sequences of a saved model."""
         ...

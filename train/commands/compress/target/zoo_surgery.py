@@ -99,6 +99,7 @@ class ZooTarget:
     positions)."""
 
     kind = "zoo"
+    kept = ()  # one block family: every layer's cache is compressed
 
     def __init__(self, model: nn.Module, keys: str = "auto"):
         self.model = model.eval()
@@ -277,7 +278,7 @@ class ZooTarget:
         return kv_only(info)  # a latent's or a state's family is not served
 
     @staticmethod
-    def lowrank_cache(model: nn.Module, codes: list, dtype: torch.dtype, info: dict,
+    def lowrank_cache(model: nn.Module, codes: dict, dtype: torch.dtype, info: dict,
                       batch: int, max_len: int | None):
         """One LowRankKVCache per layer, preallocated for max_len tokens (the model's
         max_len by default)."""
