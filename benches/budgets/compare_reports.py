@@ -25,7 +25,11 @@ import sys
 # was centered in fp32 before (docs/METRICS.md, "How the spectra are computed").
 TOLERANCE = {
     r"\.mixing_centered\.(erank|stable_rank|participation_ratio|sigma_1|sigma_ratio)\[\]$": 1e-5,
-    r"\.mixing_centered\.numerical_rank\[\]$": ("count", 1),
+    r"\.mixing_centered\.(numerical_rank|rank_eps|rank_eps_max)\[\]$": ("count", 1),
+    # the report's views of them: per-layer eranks, head figures
+    r"\.erank\.mixing_centered\[\]$": 1e-5,
+    r"\.mixing_centered_erank$": 1e-5,
+    r"\.heads\.(centered_erank|centered_energy)\[\]$": 1e-5,
 }
 IGNORED = (r"^source\.eigensolver",)  # what the machine chose, not a figure
 
