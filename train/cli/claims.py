@@ -54,7 +54,9 @@ def cmd_claims(args, out: Console) -> int:
     if args.train:
         from ..commands.claims.plan import train_plan
 
-        train_plan(args.train, args.runs_dir)
+        seconds = train_plan(args.train, args.runs_dir)
+        print(f"rankzoo: trained {args.train} into {args.runs_dir} in {seconds / 60:.1f} min "
+              f"(experiments already finished are skipped)", file=sys.stderr)
     ev = read_runs(args.runs_dir) if args.runs_dir is not None else Evidence()
     if args.hf is not None:
         ev = Evidence(ev.runs, _probe(args), ev.runs_dir)

@@ -68,12 +68,26 @@ def _depth(c: dict):
 
 
 def _optimizers(c: dict):
-    fig, ax = _figure(c, "optimizer", f"W_V {c['plot']['metric']} (mean over layers)")
+    """W_V's erank (the claim's metric), stable rank and rank_eps per optimizer, a point
+    per seed."""
+    from matplotlib.figure import Figure
+
     values = c["plot"]["values"]
-    for i, (opt, seeds) in enumerate(sorted(values.items())):
-        ys = [f[c["plot"]["metric"]] for f in seeds.values()]
-        ax.scatter([i] * len(ys), ys, label=opt)
-    ax.set_xticks(range(len(values)), sorted(values))
+    names = sorted(values)
+    metrics = [m for m in ("erank", "stable_rank", "rank_eps")
+               if all(m in f for seeds in values.values() for f in seeds.values())]
+    fig = Figure(figsize=(3.0 * len(metrics), 3.6))
+    fig.suptitle(f"{c['claim']}: {c['verdict']}", fontsize=10)
+    for j, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), j + 1)
+        for i, opt in enumerate(names):
+            ys = [f[metric] for f in values[opt].values()]
+            ax.scatter([i] * len(ys), ys, color=f"C{i}")
+        ax.set_xticks(range(len(names)), names)
+        ax.set_xlim(-0.5, len(names) - 0.5)
+        ax.set_title(f"W_V {metric}" + (" (the claim's)" if metric == c["plot"]["metric"]
+                                        else ""), fontsize=9)
+    fig.subplots_adjust(wspace=0.4, top=0.82)
     return fig
 
 
@@ -98,13 +112,19 @@ def _lora(c: dict):
 
 
 def _grokking(c: dict):
-    fig, ax = _figure(c, "step", "validation accuracy")
-    steps, acc = zip(*c["plot"]["accuracy"], strict=True)
-    ax.plot(steps, acc, color="tab:blue", label="val accuracy")
+    """Per seed: validation accuracy (solid, left) and W_V erank (dashed, right)."""
+    fig, ax = _figure(c, "step", "validation accuracy (solid)")
     right = ax.twinx()
-    rs, rank = zip(*c["plot"]["erank"], strict=True)
-    right.plot(rs, rank, color="tab:red", label="W_V erank")
-    right.set_ylabel("W_V erank (mean over layers)")
+    right.set_ylabel("W_V erank, mean over layers (dashed)")
+    for i, (seed, series) in enumerate(sorted(c["plot"]["seeds"].items())):
+        color = f"C{i}"
+        steps, acc = zip(*series["accuracy"], strict=True)
+        ax.plot(steps, acc, color=color, label=f"seed {seed}")
+        rs, rank = zip(*series["erank"], strict=True)
+        right.plot(rs, rank, "--", color=color)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7, loc="center right")
+    fig.subplots_adjust(right=0.85)
     return fig
 
 

@@ -33,6 +33,9 @@ class Run:
     records: list[dict]  # ranks.jsonl, in step order
     metrics: dict[str, float]  # report.json's final metrics
     scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # report.json's status.learned: whether the run beat its task's baseline (None: not
+    # judged, e.g. a task without a baseline, or no report)
+    learned: bool | None = None
 
     @property
     def seed(self) -> int:
@@ -83,12 +86,16 @@ class Evidence:
         return [r for r in self.runs if r.experiment.startswith(experiment_prefix)]
 
     def probes(self, min_layers: int = 1) -> list[tuple[str, dict, int]]:
-        """(name, probe, d_model) of every probed model: the checkpoint, then each pretrain
-        run's last record, with at least `min_layers` layers."""
+        """(name, probe, d_model) of every probed model with at least `min_layers` layers,
+        the one a claim reads first: the checkpoint, then each pretrain run's last record,
+        the longest probe first (a 3-token modular-addition probe says little of token
+        mixing), text before synthetic tasks, then the deeper model, then by name."""
         out = [] if self.probed is None else [(self.probed.name, self.probed.probe,
                                                 self.probed.d_model)]
-        out += [(f"{r.experiment}/{r.name}", r.last, r.d_model) for r in self.runs
-                if r.lora_rank is None and r.records]
+        runs = sorted((r for r in self.runs if r.lora_rank is None and r.records),
+                      key=lambda r: (-r.last["seq_len"], r.data.get("task") != "text",
+                                     -len(r.last["layers"]), r.experiment, r.name))
+        out += [(f"{r.experiment}/{r.name}", r.last, r.d_model) for r in runs]
         return [o for o in out if len(o[1]["layers"]) >= min_layers]
 
 
@@ -113,12 +120,14 @@ def read_runs(runs_dir: str | Path) -> Evidence:
 
 def _read_run(experiment: str, vdir: Path) -> Run:
     files = VariantFiles(vdir)
-    metrics = {}
+    metrics, learned = {}, None
     if files.report.is_file():
         report = read_yaml(files.report) or {}  # JSON is YAML
-        metrics = (report.get("variants") or [{}])[0].get("metrics") or {}
+        variant = (report.get("variants") or [{}])[0]
+        metrics = variant.get("metrics") or {}
+        learned = (variant.get("status") or {}).get("learned")
     return Run(experiment, vdir.name, run_config(vdir), rank_records(files.ranks), metrics,
-               read_scalars(vdir))
+               read_scalars(vdir), learned)
 
 
 def read_scalars(vdir: Path) -> dict[str, list[tuple[int, float]]]:

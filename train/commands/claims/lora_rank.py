@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .evidence import Evidence
-from .rule import HOLDS, PARTLY, REFUTED, Claim, Outcome, fmt, missing
+from .rule import HOLDS, PARTLY, REFUTED, UNTESTABLE, Claim, Outcome, fmt, missing
 
 EXPERIMENT = "claims_lora"
 THRESHOLDS = {"within": 0.02, "a": [1.0, 3.0], "min_ranks": 3}
@@ -23,6 +23,12 @@ def judge(ev: Evidence) -> Outcome:
     if len({t.lora_rank for t in tunes}) < THRESHOLDS["min_ranks"]:
         return missing(f"LoRA fine-tunes of {EXPERIMENT} at >= {THRESHOLDS['min_ranks']} "
                        f"ranks (configs/claims/lora.yaml)")
+    if all(t.learned is False for t in tunes):  # r* would rank fine-tunes that all failed
+        return Outcome(UNTESTABLE, f"no fine-tune learned ({len(tunes)} ranks)",
+                       "smallest r within 2% of the best fine-tune val loss",
+                       why="no fine-tune beat its task's baseline (report status "
+                           "learned: false), so no rank is right; train longer",
+                       used=f"{EXPERIMENT}: {len(tunes)} fine-tunes, one seed each")
     losses = sorted((t.lora_rank, t.metrics["val/loss"]) for t in tunes)
     best = min(loss for _, loss in losses)
     right = min(r for r, loss in losses if loss <= best * (1 + THRESHOLDS["within"]))
@@ -32,11 +38,16 @@ def judge(ev: Evidence) -> Outcome:
                                                                 hi * math.log2(d))
     figure = f"r* = {right} at d_model {d}; a log d = {fmt(ln_band[0])}-{fmt(ln_band[1])}"
     test = "smallest r within 2% of the best fine-tune val loss, against [1, 3] x ln d"
+    accuracy = {t.lora_rank: t.metrics["val/accuracy"] for t in tunes
+                if "val/accuracy" in t.metrics}
     used = (f"{EXPERIMENT}: {len(losses)} fine-tunes, r = {[r for r, _ in losses]}, "
-            f"one seed each")
+            f"one seed each" + ("; val accuracy " + ", ".join(
+                f"{fmt(accuracy[r])} at r={r}" for r, _ in losses if r in accuracy)
+                                if accuracy else ""))
     plot = {"kind": "lora", "points": [[r, loss] for r, loss in losses], "right": right,
             "band": list(ln_band)}
-    data = {"losses": dict(losses), "right": right, "ln_band": ln_band, "log2_band": log2_band}
+    data = {"losses": dict(losses), "accuracy": accuracy, "right": right, "ln_band": ln_band,
+            "log2_band": log2_band}
     if ln_band[0] <= right <= ln_band[1]:
         return Outcome(HOLDS, figure, test, why="one seed per r", used=used, plot=plot,
                        data=data)
@@ -56,7 +67,7 @@ CLAIM = Claim(
     quantity="the smallest adapter rank whose fine-tune val loss is within 2% of the best",
     metrics="docs/METRICS.md#claims",
     rule="r* in [ln d, 3 ln d]: holds; only in [log2 d, 3 log2 d]: holds partly; else "
-         "refuted; >= 3 ranks",
+         "refuted; >= 3 ranks; no fine-tune learned the task: not testable",
     thresholds=THRESHOLDS,
     evidence=("runs",),
     judge=judge,

@@ -52,15 +52,15 @@ def layer(i: int, value_erank: float = 10.0, centered: list[float] | None = None
         "mixing_centered": q(rank_eps=centered, shape=[16, 16])}}
 
 
-def record(step: int, layers: list[dict], eps: float = 0.01) -> dict:
-    return {"step": step, "seq_len": 16, "eps": eps, "batch_size": 2, "layers": layers}
+def record(step: int, layers: list[dict], eps: float = 0.01, seq_len: int = 16) -> dict:
+    return {"step": step, "seq_len": seq_len, "eps": eps, "batch_size": 2, "layers": layers}
 
 
 def run(experiment: str, name: str, records: list[dict], seed: int = 0, optimizer="adamw",
-        data=None, metrics=None, scalars=None) -> Run:
+        data=None, metrics=None, scalars=None, learned=None) -> Run:
     config = {"seed": seed, "train": {"optimizer": optimizer}, "data": data or {},
               "model": {"d_model": 64}}
-    return Run(experiment, name, config, records, metrics or {}, scalars or {})
+    return Run(experiment, name, config, records, metrics or {}, scalars or {}, learned)
 
 
 # ---------------------------------------------------------------- the registry
@@ -130,7 +130,7 @@ def test_optimizer_rule():
     out = optimizers.judge(_optim({"muon": [2.0, 1.0], "lion": [1.5, 1.6]}))
     assert out.verdict == PARTLY and "seeds disagree" in out.why
     assert "within seed-to-seed spread" in optimizers.judge(
-        _optim({"muon": [1.0, 1.02], "lion": [1.0, 1.01]})).why or True
+        _optim({"muon": [1.0, 1.02], "lion": [1.0, 1.01]})).why
     assert optimizers.judge(Evidence()).verdict == NO_EVIDENCE
 
 
@@ -151,9 +151,10 @@ def test_data_rank_rule():
     assert data_rank.judge(_markov({2: 2.0, 4: 4.0})).verdict == NO_EVIDENCE  # < 3 ranks
 
 
-def _lora(losses: dict[int, float]) -> Evidence:
+def _lora(losses: dict[int, float], learned=None) -> Evidence:
     return Evidence(tuple(run("claims_lora", f"mha.lora-r{r}", [record(1, [layer(0)])],
-                              metrics={"val/loss": v}) for r, v in losses.items()))
+                              metrics={"val/loss": v}, learned=learned)
+                          for r, v in losses.items()))
 
 
 def test_lora_rule():  # d_model 64: ln band 4.2-12.5, log2 band 6-18
@@ -161,25 +162,50 @@ def test_lora_rule():  # d_model 64: ln band 4.2-12.5, log2 band 6-18
     assert lora_rank.judge(_lora({1: 3.0, 8: 2.0, 16: 1.0})).verdict == PARTLY
     out = lora_rank.judge(_lora({1: 1.0, 2: 1.0, 4: 1.0}))
     assert out.verdict == REFUTED and out.data["right"] == 1
+    # fine-tunes that all failed their task (report status learned: false) rank nothing
+    out = lora_rank.judge(_lora({1: 3.0, 4: 2.0, 8: 1.0}, learned=False))
+    assert out.verdict == UNTESTABLE and "no fine-tune learned" in out.figure
+    assert lora_rank.judge(_lora({1: 3.0, 4: 2.0, 8: 1.0}, learned=True)).verdict == HOLDS
 
 
-def _grok(acc, loss, eranks) -> Evidence:
-    records = [record(s, [layer(0, e)]) for s, e in eranks]
-    return Evidence((run("claims_grokking", "mha", records,
-                         scalars={"val/accuracy": acc, "train/loss": loss}),))
+def _grok(acc, loss, eranks, *more) -> Evidence:
+    """Runs of seeds 0, 1, ...: each (accuracy, loss, eranks) over steps."""
+    seeds = [(acc, loss, eranks), *more]
+    return Evidence(tuple(run("claims_grokking", f"mha_s{i}", [record(s, [layer(0, e)])
+                                                               for s, e in r],
+                              seed=i, scalars={"val/accuracy": a, "train/loss": lo})
+                          for i, (a, lo, r) in enumerate(seeds)))
+
+
+STEPS = [100 * i for i in range(1, 11)]
+SATURATES = [(s, 1.0 if s < 200 else 0.001) for s in STEPS]
+LATE = [(s, 0.3 if s < 800 else 0.99) for s in STEPS]
+FALLING = [(s, 20.0 - 1.5 * min(i, 7)) for i, s in enumerate(STEPS)]
+FLAT = [(s, 10.0) for s in STEPS]
 
 
 def test_grokking_rule():
-    steps = [100 * i for i in range(1, 11)]
-    loss = [(s, 1.0 if s < 200 else 0.001) for s in steps]
-    late = [(s, 0.3 if s < 800 else 0.99) for s in steps]
-    falling = [(s, 20.0 - 1.5 * min(i, 7)) for i, s in enumerate(steps)]
-    out = grokking.judge(_grok(late, loss, falling))
-    assert out.verdict == PARTLY and "undefined" in out.why and out.data["grokked"] == 800
-    flat = [(s, 10.0) for s in steps]
-    assert grokking.judge(_grok(late, loss, flat)).verdict == REFUTED
-    never = [(s, 0.3) for s in steps]
-    assert grokking.judge(_grok(never, loss, flat)).verdict == UNTESTABLE
+    out = grokking.judge(_grok(LATE, SATURATES, FALLING))
+    assert out.verdict == PARTLY and "undefined" in out.why
+    assert out.data["seeds"]["0"]["grokked"] == 800 and "one seed" in out.used
+    assert grokking.judge(_grok(LATE, SATURATES, FLAT)).verdict == REFUTED
+    never = [(s, 0.3) for s in STEPS]
+    assert grokking.judge(_grok(never, SATURATES, FLAT)).verdict == UNTESTABLE
+    at_once = [(s, 0.3 if s < 200 else 0.99) for s in STEPS]  # no delay: not grokking
+    out = grokking.judge(_grok(at_once, SATURATES, FALLING))
+    assert out.verdict == UNTESTABLE and "no delay" in out.why
+
+
+def test_grokking_seeds_judged_alone_and_disagreement_said():
+    out = grokking.judge(_grok(LATE, SATURATES, FALLING, (LATE, SATURATES, FLAT)))
+    assert out.verdict == PARTLY and "the seeds disagree" in out.why
+    assert "seed 0: " in out.figure and "seed 1: " in out.figure
+    assert set(out.plot["seeds"]) == {"0", "1"} and "one seed" not in out.used
+    both = grokking.judge(_grok(LATE, SATURATES, FLAT, (LATE, SATURATES, FLAT)))
+    assert both.verdict == REFUTED and "disagree" not in both.why
+    never = [(s, 0.3) for s in STEPS]  # a seed that did not grok is said, not counted
+    out = grokking.judge(_grok(LATE, SATURATES, FLAT, (never, SATURATES, FLAT)))
+    assert out.verdict == REFUTED and "did not grok" in out.why
 
 
 def _probed(curve: list[float], d_model: int = 64) -> Evidence:
@@ -194,6 +220,21 @@ def test_depth_rule():
     assert depth.judge(_probed(falling)).verdict == HOLDS
     eps_01 = Evidence(probed=Probed("m", record(0, [layer(i) for i in range(4)], 0.1), 64, 4, 16))
     assert depth.judge(eps_01).verdict == NO_EVIDENCE  # the claim's rank is rank_0.01
+
+
+def test_probed_claims_read_the_longest_probe_first():
+    short = run("claims_grokking", "mha_s0", [record(1, [layer(0)], seq_len=3)],
+                data={"task": "modadd"})
+    markov = run("claims_markov_r2", "mha", [record(1, [layer(0)], seq_len=64)],
+                 data={"task": "markov"})
+    text = run("claims_optimizers", "adamw_s0", [record(1, [layer(0)], seq_len=64)],
+               data={"task": "text"})
+    lora = run("claims_lora", "mha.lora-r4", [record(1, [layer(0)], seq_len=128)])
+    names = [n for n, _, _ in Evidence((short, markov, lora, text)).probes()]
+    assert names == ["claims_optimizers/adamw_s0", "claims_markov_r2/mha",
+                     "claims_grokking/mha_s0"]  # fine-tunes are not probed models
+    probed = Probed("ckpt", record(0, [layer(0)], seq_len=8), 64, 4, 16)
+    assert Evidence((text,), probed).probes()[0][0] == "ckpt"
 
 
 # ---------------------------------------------------------------- runs on disk and the CLI
@@ -251,3 +292,35 @@ def test_plan_rejects_unknown_keys(tmp_path):
     bad.write_text("experiment: []\n")
     with pytest.raises(ValueError, match="`experiments`"):
         read_plan(bad)
+
+
+def test_grokking_figure_draws_every_seed(tmp_path):
+    from train.render.claims import write_claims_plots
+
+    doc = claims_document(_grok(LATE, SATURATES, FALLING, (LATE, SATURATES, FLAT)), ["grokking"])
+    (path,) = write_claims_plots(doc, tmp_path)
+    assert path.name == "claim_grokking.png" and path.stat().st_size > 0
+
+
+def test_optimizer_figure_draws_erank_srank_and_rank_eps(tmp_path):
+    from train.render.claims import write_claims_plots
+
+    doc = claims_document(_optim({"muon": [2.0, 2.1], "lion": [1.5, 1.6]}), ["optimizers"])
+    assert set(doc["claims"][0]["plot"]["values"]["muon"]["0"]) == {"erank", "stable_rank",
+                                                                     "rank_eps"}
+    (path,) = write_claims_plots(doc, tmp_path)
+    assert path.name == "claim_optimizers.png" and path.stat().st_size > 0
+
+
+def test_train_says_the_plans_wall_time(tmp_path, capsys, monkeypatch):
+    import train.commands.claims.plan as plan_module
+
+    for r, e in {2: 30.0, 4: 20.0, 8: 25.0}.items():
+        _write_run(tmp_path, f"claims_markov_r{r}", "mha", [record(1, [layer(0, e)])],
+                   {"seed": 0, "data": {"task": "markov", "rank": r}, "model": {"d_model": 64}})
+    trained = []
+    monkeypatch.setattr(plan_module, "train_plan",
+                        lambda plan, runs: trained.append((plan, runs)) or 90.0)
+    assert main(["claims", str(tmp_path), "--train", "plan.yaml", "--claim", "data_rank"]) == 0
+    assert trained == [("plan.yaml", str(tmp_path))]
+    assert "in 1.5 min" in capsys.readouterr().err
