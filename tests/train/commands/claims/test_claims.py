@@ -222,6 +222,24 @@ def test_depth_rule():
     assert depth.judge(eps_01).verdict == NO_EVIDENCE  # the claim's rank is rank_0.01
 
 
+def test_strict_rank_rests_on_the_diagonal_not_on_fp32_conditioning():
+    """A causal softmax P is invertible (positive diagonal) however ill-conditioned: a
+    numerical rank below T says so but refutes nothing; only the effective half decides, and
+    only softmax layers count (a recurrence's M can be singular)."""
+    from train.commands.claims import strict_effective as se
+
+    def judged(centered, numerical, block="softmax"):
+        layers = [{**layer(0, centered=centered, numerical=numerical), "block": block}]
+        return se.judge(Evidence(probed=Probed("m", record(0, layers), 64, 4, 16)))
+
+    ill = judged([2.0] * 4, [12.0] * 4)  # 12 of 16 values above fp32's floor, low P_c
+    assert ill.verdict == HOLDS and "by construction" in ill.figure
+    assert ill.data["conditioned_share"] == 0.0 and ill.data["low_share"] == 1.0
+    high = judged([12.0] * 4, [16.0] * 4)  # rank_0.01(P_c) 12 of 16 > T/4
+    assert high.verdict == PARTLY and "not effectively low" in high.why
+    assert judged([2.0] * 4, [16.0] * 4, block="delta").verdict == NO_EVIDENCE
+
+
 def test_probed_claims_read_the_longest_probe_first():
     short = run("claims_grokking", "mha_s0", [record(1, [layer(0)], seq_len=3)],
                 data={"task": "modadd"})
