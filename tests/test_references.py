@@ -5,7 +5,7 @@ Docstrings, comments, the README and docs/ name files as pointers for the reader
 repository's top-level directories or is a bare capitalized Markdown name (README.md,
 METRICS.md); it resolves against the repository root, the referring file's directory or
 docs/. Lowercase bare names (report.md, config.yaml) are files of a run directory, not
-pointers. This file and tests/test_layering.py are left out: their tests plant source
+pointers. This file and tests/layering/ are left out: their tests plant source
 trees of their own, whose paths need not exist here.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANTING = (Path(__file__).resolve(), ROOT / "tests" / "test_layering.py")
+PLANTING = (Path(__file__).resolve(),
+            *sorted((ROOT / "tests" / "layering").glob("*.py")))
 SOURCES = ("zoo", "budgets", "train", "benches", "tests")
 TOP_LEVEL = ("zoo", "budgets", "train", "benches", "tests", "docs", "configs", "notes", ".ci", "..")
 REFERENCE = re.compile(r"(?<![\w/.-])((?:\.\./)?(?:[\w.-]+/)*[\w.-]+\.(?:py|md|yaml))(?![\w/])")

@@ -23,5 +23,5 @@ returned from M (`readout`), so that tests check M against the module itself.
 *Sources* feed calls to a probe: transformers' attention interface (budgets/hf/capture.py),
 the Mamba scans of modeling modules (budgets/hf/scans.py) and the mixers read from their
 modules' forwards (budgets/hf/hooked.py). Nothing in this package imports transformers or
-train (tests/test_layering.py).
+train (tests/layering/).
 """
