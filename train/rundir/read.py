@@ -221,8 +221,9 @@ def variant_report(vdir: Path) -> dict:
     status = variant_status(vdir, {"step": record["step"]})
     if status is not None:
         entry["status"] = status
+    # a run the monitor wrote in a user's own loop has no config.yaml: its directory names it
     report = budgets.build_report({config.get("variant", vdir.name): entry},
-                                  experiment=config.get("experiment", ""))
+                                  experiment=config.get("experiment") or vdir.name)
     if status is not None:  # build_report copies it; set here for a budgets that does not
         report["variants"][0]["status"] = status
     return report

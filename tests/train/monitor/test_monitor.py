@@ -64,6 +64,8 @@ def test_a_plain_loop_writes_a_run_rankzoo_report_reads(tmp_path, capsys):
     assert main(["report", str(tmp_path / "gpt"), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [ly["layer"] for ly in report["variants"][0]["layers"]] == [0, 1, 2]
+    # no config.yaml in a loop of the user's own: the run is named by its directory
+    assert report["experiment"] == "gpt" and report["variants"][0]["variant"] == "gpt"
 
 
 def test_a_resumed_loop_continues_the_file_without_repeating_a_step(tmp_path):
