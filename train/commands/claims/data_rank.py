@@ -57,7 +57,7 @@ CLAIM = Claim(
     name="data_rank",
     sentence="Under cross-entropy, W_V's effective rank is bounded by the rank of the data's "
              "covariance.",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="erank of W_V (largest over layers) against the Markov task's logit rank r",
     metrics="docs/METRICS.md#claims",
     rule="bounded at every r (erank <= 1.25 r): holds; else Spearman rho(r, erank) >= 0.8: "

@@ -108,7 +108,7 @@ CLAIM = Claim(
     name="depth",
     sentence="Attention's effective rank falls with depth and settles at d/4 to d/3 after "
              "layer 8 (85 -> 32 over GPT-2 Medium's layers).",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="per layer, rank_0.01 of the centered mixing matrix P_c, mean over heads and "
              "sequences",
     metrics="docs/METRICS.md#claims",

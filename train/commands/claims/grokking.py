@@ -100,7 +100,7 @@ CLAIM = Claim(
     name="grokking",
     sentence="After the training loss saturates, W_V's effective rank keeps falling to the "
              "task's rank, and test accuracy jumps when it gets there.",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="W_V erank (mean over layers) over training, beside validation accuracy and "
              "train loss",
     metrics="docs/METRICS.md#claims",

@@ -61,7 +61,7 @@ CLAIM = Claim(
     name="heads",
     sentence="Multi-head attention widens the effective rank, but heads are largely "
              "redundant.",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="per layer, rank_eps of the stacked value cache of all KV heads vs each head's",
     metrics="docs/METRICS.md#claims",
     rule="widens: joint >= 1.25 x the largest head on >= 75% of layers; redundant: median "

@@ -50,7 +50,7 @@ def judge(ev: Evidence) -> Outcome:
 CLAIM = Claim(
     name="long_context",
     sentence="At 4k tokens, attention's effective rank is below 3% of T.",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="rank_0.01(P_c) / T per head, on a probe of >= 4096 tokens",
     metrics="docs/METRICS.md#claims",
     rule="share of heads below 3% of T: >= 90% holds, <= 10% refuted, else holds partly; "

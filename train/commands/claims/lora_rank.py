@@ -63,7 +63,7 @@ def judge(ev: Evidence) -> Outcome:
 CLAIM = Claim(
     name="lora_rank",
     sentence="The right LoRA rank is r = a log(d_model), with a between 1 and 3.",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="the smallest adapter rank whose fine-tune val loss is within 2% of the best",
     metrics="docs/METRICS.md#claims",
     rule="r* in [ln d, 3 ln d]: holds; only in [log2 d, 3 log2 d]: holds partly; else "

@@ -80,7 +80,7 @@ def judge(ev: Evidence) -> Outcome:
 CLAIM = Claim(
     name="strict_effective",
     sentence="Causal softmax attention is strictly full rank, yet effectively low rank.",
-    source="the seed theory of rankzoo (issue 39)",
+    source="the low-rank-bottleneck theory rankzoo starts from",
     quantity="P's diagonal (strict rank), and rank_0.01 of P_c as a share of T, per head",
     metrics="docs/METRICS.md#claims",
     rule="full: holds by construction (a causal softmax has a positive diagonal); low: "
