@@ -71,7 +71,8 @@ def judge(ev: Evidence) -> Outcome:
 CLAIM = Claim(
     name="optimizers",
     sentence="Muon lowers W_V's effective rank about 2x against AdamW, and Lion 1.4-1.8x.",
-    source="the seed theory of rankzoo; against it for Muon: Moonshot, arXiv 2502.16982",
+    source="the low-rank-bottleneck theory rankzoo starts from; against it for Muon: "
+           "Moonshot, arXiv 2502.16982",
     quantity="erank of W_V, mean over layers, at the end of matched runs; srank and "
              "rank_0.01 beside it",
     metrics="docs/METRICS.md#claims",

@@ -96,8 +96,8 @@ def judge(ev: Evidence) -> Outcome:
 CLAIM = Claim(
     name="softmax_bound",
     sentence="The softmax of a matrix has k-th singular value at most C sigma_k(M) / k^2.",
-    source="the seed theory; circulates without a findable source "
-           "(/work/shared notes, rank-science section 7)",
+    source="the low-rank-bottleneck theory rankzoo starts from; it circulates without a "
+           "findable published source",
     quantity="singular values of M and of its row softmax (plain, and causal for "
              "attention), fp64, every k",
     metrics="docs/METRICS.md#claims",
