@@ -213,7 +213,7 @@ def judge_learned(metrics: dict[str, float], baseline: dict | None,
 def run_status(state: str, step: int, max_steps: int | None, metrics: dict[str, float],
                baseline: dict | None, reason: str | None = None,
                margins: LearnedMargins = LEARNED_MARGINS) -> dict[str, Any]:
-    """The status a report entry carries (issue 12's contract, section 2): {"state",
+    """The status a report entry carries (docs/SCHEMAS.md): {"state",
     "step", "max_steps", "learned", "reason", "baseline"}, and "learned_reason" (the
     judgment's sentence, whatever the state) and "rule" (the threshold, stated). "reason"
     says where it stopped and why (`reason`, status.json's) for a run that did not

@@ -112,7 +112,7 @@ def make_variant(name: str, n_layers: int, n_heads: int, status: dict, T: int = 
 
 
 def make_report(n_variants: int = 4, n_layers: int = 2, n_heads: int = 5) -> dict:
-    """A report in issue 12's JSON: variant i gets STATUSES[i % 4], every class of head
+    """A report with run statuses and head classes: variant i gets STATUSES[i % 4], every class of head
     occurs, layer 0 has a dead head (centered n/a), every layer a massive token at pos 0."""
     variants = [make_variant(f"v{i}", n_layers, n_heads, STATUSES[i % len(STATUSES)])
                 for i in range(n_variants)]
@@ -131,7 +131,7 @@ def make_report(n_variants: int = 4, n_layers: int = 2, n_heads: int = 5) -> dic
 
 
 def old_format(report: dict) -> dict:
-    """The same report as a report.json written before issue 12: no new keys, no W_O row."""
+    """The same report as an older report.json: no status or head-class keys, no W_O row."""
     old = copy.deepcopy(report)
     old.pop("head_rules", None)
     for item in old["advice"]:
