@@ -79,7 +79,8 @@ def _agreement(doc: dict) -> str:
     if text is None:
         return ""
     return ("\nheads per layer: KV heads kept full (f), low rank (r), read through a window "
-            f"and sinks (w), a run of equal layers as first-last; {text}")
+            f"and sinks (w), neighbouring layers that choose alike as one entry (3-15 every "
+            f"4: layers 3, 7, 11, 15); {text}")
 
 
 def compress_table(doc: dict) -> Table:

@@ -423,3 +423,19 @@ def test_hf_windows_agree_between_sdpa_and_eager_and_are_undone(trained):
             assert torch.equal(model(input_ids=ids).logits, before)  # undone
         assert (outs[impl] - before).abs().max() > 1e-3
     assert (outs["sdpa"] - outs["eager"]).abs().max() < 1e-4
+
+
+def test_the_heads_summary_names_only_the_layers_it_covers():
+    """A hybrid's attention layers (3, 7, 11, 15 of a 3:1 model) choosing alike share one
+    entry, named as the layers they are: a range never covers a layer not in it."""
+    from train.commands.compress.allocation.choices import choices_summary
+
+    def chose(i, full=0, low=2, window=0):
+        return {"layer": i, "full": full, "low_rank": low, "window": window}
+
+    assert choices_summary([chose(0), chose(1), chose(2), chose(3, 1, 1)]) == \
+        "0-2: 2r · 3: 1f 1r"
+    assert choices_summary([chose(i) for i in (3, 7, 11, 15)]) == "3-15 every 4: 2r"
+    assert choices_summary([chose(3), chose(7, 1, 1), chose(11)]) == \
+        "3: 2r · 7: 1f 1r · 11: 2r"
+    assert choices_summary([chose(1), chose(4), chose(6)]) == "1, 4, 6: 2r"

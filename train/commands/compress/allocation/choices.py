@@ -190,16 +190,30 @@ def layer_choices(slots: list[Slot], setting: Setting) -> list[dict]:
 
 
 def choices_summary(per_layer: list[dict]) -> str:
-    """`0-5: 3r · 6: 1w 2r · 7: 1f 2r`: per layer (a run of equal layers as first-last),
-    its heads kept full (f), low rank (r), read through a window (w)."""
+    """`0-5: 3r · 6: 1w 2r · 7: 1f 2r`: per layer, its heads kept full (f), low rank (r),
+    read through a window (w); neighbouring rows that choose alike share one entry, their
+    layers named by numbers_text (a hybrid's attention layers `3-15 every 4`)."""
     def one(layer: dict) -> str:
         return " ".join(f"{layer[c]}{'r' if c == 'low_rank' else c[0]}" for c in CHOICES
                         if layer[c])
-    runs: list[list] = []  # [first, last, text]
+    groups: list[tuple[list[int], str]] = []
     for layer in per_layer:
         text = one(layer)
-        if runs and runs[-1][2] == text and runs[-1][1] + 1 == layer["layer"]:
-            runs[-1][1] = layer["layer"]
+        if groups and groups[-1][1] == text:
+            groups[-1][0].append(layer["layer"])
         else:
-            runs.append([layer["layer"], layer["layer"], text])
-    return " · ".join(f"{a}: {t}" if a == b else f"{a}-{b}: {t}" for a, b, t in runs)
+            groups.append(([layer["layer"]], text))
+    return " · ".join(f"{numbers_text(layers)}: {text}" for layers, text in groups)
+
+
+def numbers_text(numbers: list[int]) -> str:
+    """`4`, `0-5`, `3-15 every 4` (three or more at one step), else `1, 4, 6`: layer
+    numbers as a range only where every number in it is one of them."""
+    if len(numbers) == 1:
+        return str(numbers[0])
+    steps = {b - a for a, b in zip(numbers, numbers[1:], strict=False)}
+    if steps == {1}:
+        return f"{numbers[0]}-{numbers[-1]}"
+    if len(steps) == 1 and len(numbers) >= 3:
+        return f"{numbers[0]}-{numbers[-1]} every {steps.pop()}"
+    return ", ".join(map(str, numbers))
