@@ -43,7 +43,10 @@ STAGES = ("load", "capture", "P", "spectra", "figures")
 
 
 class Clock:
-    """Exclusive seconds per stage of wrapped functions (a callee's stage taken out)."""
+    """Exclusive seconds per stage of wrapped functions (a callee's stage taken out).
+    bench_long_probe.py's StageClock does the same; this file runs as a script against an
+    earlier checkout's packages (--base), whose benches may lack it, so it imports nothing
+    from benches/."""
 
     def __init__(self):
         self.seconds = dict.fromkeys(STAGES, 0.0)

@@ -10,6 +10,7 @@ GPT-2 Medium figures (85 -> 32 at d_model 1024) already sit below d/4 = 256.
 
 from __future__ import annotations
 
+from ...render.recall import spearman as rank_correlation
 from .evidence import Evidence, layer_mean
 from .rule import HOLDS, PARTLY, REFUTED, Claim, Outcome, fmt, missing
 
@@ -25,26 +26,10 @@ THRESHOLDS = {
 
 
 def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation (ties take their mean rank); 0 when a side is flat."""
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    vx = sum((a - mx) ** 2 for a in rx) ** 0.5
-    vy = sum((b - my) ** 2 for b in ry) ** 0.5
-    return 0.0 if vx == 0 or vy == 0 else cov / (vx * vy)
+    """Spearman's rank correlation, the project's one (train/render/recall.py); 0 where it
+    has none (a flat side, fewer than 3 points): no trend."""
+    rho = rank_correlation(x, y)
+    return 0.0 if rho is None else rho
 
 
 def depth_curve(probe: dict) -> list[float]:
