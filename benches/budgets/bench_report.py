@@ -106,7 +106,9 @@ def _workers(mode: str):
     except ImportError:  # an earlier checkout: one LAPACK thread per call
         return contextlib.nullcontext(), None
     if mode == "one":
-        return forced_workers(1), "1 worker x 1 thread (forced)"
+        solver = getattr(eig_plan(), "solver_text", None)  # an earlier eigen.py: torch's
+        return forced_workers(1), "1 worker x 1 thread (forced)" + (
+            f"; {solver()}" if solver else "")
     return contextlib.nullcontext(), eig_plan().describe()
 
 

@@ -1,9 +1,10 @@
 """The exact eigensolvers on the machine's cores: a batch spread over worker threads, each
-LAPACK call on one thread.
+LAPACK call on one thread, by the faster of torch's LAPACK and numpy's.
 
-    lam = eigvalsh(G)      # G [..., n, n] symmetric -> [..., n] ascending (torch.linalg.eigvalsh)
-    s = spread(torch.linalg.svdvals, A)   # any per-matrix function over A [..., m, n]
-    plan = eig_plan()      # EigPlan(workers, cores, one_s, spread_s), timed once per process
+    lam = eigvalsh(G)      # G [..., n, n] symmetric -> [..., n] ascending
+    s = spread(fn, A)      # any per-matrix function over A [..., m, n], on the workers;
+                           # fn may call solve(G), the chosen eigensolver in its own thread
+    plan = eig_plan()      # EigPlan(workers, cores, one_s, spread_s, solver, ...), timed once
     with one_thread(): ...
 
 Why workers, not LAPACK's OpenMP team. The tridiagonalization behind eigvalsh synchronizes
@@ -19,24 +20,42 @@ otherwise run LAPACK on every core), and the calling thread waits while they wor
 matrix is decomposed by the same one-thread LAPACK call as in a serial batch, so the
 values are bit-identical to the serial ones.
 
-The worker count is chosen as Muon chooses its Newton-Schulz dtype (train/harness/muon.py):
-a short timed probe, once per process, of one worker against all cores; all only where
-they take under SPREAD_MAX_SHARE of one worker's time, so that load noise does not flip
-the choice from one process to the next.
+Two LAPACKs. torch's wheels carry MKL, numpy's carry OpenBLAS; for an eigvalsh of
+1024 x 1024 in fp64 on one thread of an AMD EPYC, OpenBLAS took 0.052 s and MKL 0.074 s
+(512 x 512: 0.0085 s vs 0.0115 s), and on an Intel CPU the order may well turn. numpy's
+LAPACK is a candidate only where its BLAS can be held to one thread (threadpoolctl finds it:
+OpenBLAS, MKL or BLIS), so that no worker starts a team of its own; it is held there for
+the whole of every spread() call, not longer.
+
+Both choices are made as Muon chooses its Newton-Schulz dtype (train/harness/muon.py): a
+short timed probe, once per process. The solver first, on one worker: numpy's only where
+it takes under SOLVER_MAX_SHARE of torch's time. Then the workers, with that solver: all
+cores only where they take under SPREAD_MAX_SHARE of one worker's time. Both margins keep
+load noise from flipping a choice from one process to the next. The two LAPACKs round
+differently (eigenvalues ~1e-15 * lambda_1 apart), far below every figure's tolerance
+(docs/METRICS.md, "How the spectra are computed").
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+# numpy's LAPACK only where it takes under this share of torch's on the probe,
+SOLVER_MAX_SHARE = 0.8
+# and only for matrices from this side up: below, calls into OpenBLAS from two workers did
+# not overlap (384 x 384: 4.2 ms a matrix on 1 worker and on 2, torch's 5.6 and 2.9 ms),
+# from 512 up they did (512: 8.8 / 4.6 ms, torch's 11.7 / 6.1; 1024: 54 / 28, torch's 77 / 39)
+SOLVER_FROM = 512
+SOLVER_PROBE_SIDE = 768  # the solvers' probe: 2 matrices per worker, ~20-35 ms each on one
+SOLVER_PROBE_PER_WORKER = 2
 # All cores only where they take under this share of one worker's time on the probe.
 SPREAD_MAX_SHARE = 0.75
 # Matrices with a side below this stay in one serial call: a 64 x 64 eigvalsh takes
@@ -79,21 +98,32 @@ class EigPlan:
     cores: int
     one_s: float | None  # the probe on one worker (None: not probed, one core)
     spread_s: float | None  # on `cores` workers
+    solver: str = "torch"  # a key of SOLVERS: the LAPACK of matrices from SOLVER_FROM up
+    solver_s: tuple[tuple[str, float], ...] = ()  # the solvers' probe on `workers` workers
 
     def describe(self) -> str:
-        """'2 workers x 1 thread (timed: 1 worker 0.041 s, 2 workers 0.022 s)'."""
+        """'2 workers x 1 thread (timed: 1 worker 0.041 s, 2 workers 0.022 s); numpy's
+        LAPACK from 512 x 512 (timed: torch 0.052 s, numpy 0.040 s)'."""
         name = f"{self.workers} worker{'s' if self.workers > 1 else ''} x 1 thread"
-        if self.one_s is None:
-            return f"{name} ({self.cores} core)"
-        return (f"{name} (timed: 1 worker {self.one_s:.3f} s, {self.cores} workers "
-                f"{self.spread_s:.3f} s)")
+        out = (f"{name} ({self.cores} core)" if self.one_s is None else
+               f"{name} (timed: 1 worker {self.one_s:.3f} s, {self.cores} workers "
+               f"{self.spread_s:.3f} s)")
+        return f"{out}; {self.solver_text()}"
+
+    def solver_text(self) -> str:
+        """"numpy's LAPACK from 512 x 512 (timed: torch 0.052 s, numpy 0.040 s)"."""
+        timed = ", ".join(f"{k} {v:.3f} s" for k, v in self.solver_s)
+        return (f"{self.solver}'s LAPACK from {SOLVER_FROM} x {SOLVER_FROM}"
+                + (f" (timed: {timed})" if timed else ""))
 
     def to_dict(self) -> dict:
         return {"workers": self.workers, "cores": self.cores, "one_s": self.one_s,
-                "spread_s": self.spread_s, "text": self.describe()}
+                "spread_s": self.spread_s, "solver": self.solver,
+                "solver_s": dict(self.solver_s), "text": self.describe()}
 
 
 _forced: list[int] = []  # set by forced_workers, for benchmarks and tests
+_forced_solver: list[str] = []  # set by forced_solver
 
 
 @contextlib.contextmanager
@@ -107,6 +137,72 @@ def forced_workers(n: int):
     finally:
         _forced.pop()
 
+
+# ---------------------------------------------------------------- the two LAPACKs
+
+def _torch_eigvalsh(G: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.eigvalsh(G)
+
+
+def _numpy_eigvalsh(G: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.linalg.eigvalsh(G.numpy()))  # the same lower triangle
+
+
+SOLVERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "torch": _torch_eigvalsh, "numpy": _numpy_eigvalsh}
+
+# numpy's BLAS as its build names it -> threadpoolctl's name for the library it controls
+_CONTROLLED = {"openblas": "openblas", "mkl": "mkl", "blis": "blis"}
+
+
+def numpy_blas() -> str | None:
+    """The BLAS numpy was built against, as threadpoolctl names it ('openblas', 'mkl',
+    'blis'), or None for one it cannot control (Accelerate, an unknown build)."""
+    try:
+        name = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"].lower()
+    except Exception:  # an older numpy, or a build that does not say
+        return None
+    return next((v for k, v in _CONTROLLED.items() if k in name), None)
+
+
+@functools.cache
+def _blas():
+    """threadpoolctl's controller of the loaded BLAS libraries where numpy's is among them,
+    else None: numpy's LAPACK is then not a candidate (it might start a team per worker)."""
+    kind = numpy_blas()
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    blas = ThreadpoolController().select(user_api="blas")
+    return blas if kind and any(c.internal_api == kind for c in blas.lib_controllers) else None
+
+
+def solvers() -> list[str]:
+    """The eigensolvers this process may use: torch's always, numpy's where its BLAS can be
+    held to one thread."""
+    return ["torch", *(["numpy"] if _blas() is not None else [])]
+
+
+@contextlib.contextmanager
+def forced_solver(name: str):
+    """Within the block, `name`'s LAPACK decomposes whatever the probe chose."""
+    if name not in solvers():
+        raise ValueError(f"eigensolver {name!r} is not available here; available: "
+                         f"{', '.join(solvers())}")
+    _forced_solver.append(name)
+    try:
+        yield
+    finally:
+        _forced_solver.pop()
+
+
+def _held(solver: str):
+    """numpy's BLAS on one thread for the block (threadpoolctl: one C call each way)."""
+    return _blas().limit(limits=1) if solver == "numpy" else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- the workers
 
 @functools.cache
 def _pool(workers: int) -> ThreadPoolExecutor:
@@ -123,60 +219,86 @@ def _on_one_thread(fn: Callable[[torch.Tensor], torch.Tensor]):
 
 
 def _run(fn: Callable, A: torch.Tensor, workers: int) -> torch.Tensor:
-    """fn over A [N, ...] cut into pieces, on `workers` threads (call inside one_thread)."""
+    """fn over A [N, ...] cut into pieces, on `workers` threads (call inside one_thread).
+    At most CHUNKS_PER_WORKER pieces per worker, of sizes differing by at most one: 9
+    heads on 2 workers go as 2 + 1 x 7, and the slower worker does 5 of them, not 6."""
     if workers == 1 or A.shape[0] < 2:
         return fn(A)
-    pieces = A.split(math.ceil(A.shape[0] / (workers * CHUNKS_PER_WORKER)))
+    pieces = A.tensor_split(min(A.shape[0], workers * CHUNKS_PER_WORKER))
     return torch.cat(list(_pool(workers).map(_on_one_thread(fn), pieces)))
 
 
-def _seconds(G: torch.Tensor, workers: int) -> float:
+def _seconds(G: torch.Tensor, workers: int, solver: str = "torch") -> float:
     best = float("inf")
-    with one_thread():
-        _run(torch.linalg.eigvalsh, G, workers)  # warm-up: the workers start
+    with one_thread(), _held(solver):
+        _run(SOLVERS[solver], G, workers)  # warm-up: the workers start
         for _ in range(PROBE_REPEATS):  # the minimum: the least disturbed by other load
             start = time.perf_counter()
-            _run(torch.linalg.eigvalsh, G, workers)
+            _run(SOLVERS[solver], G, workers)
             best = min(best, time.perf_counter() - start)
     return best
 
 
+def _probe_grams(n: int, side: int) -> torch.Tensor:
+    X = torch.randn(n, side, side, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(0))
+    return X @ X.mT  # [n, side, side]
+
+
 @functools.cache
 def _plan(n_cores: int) -> EigPlan:
-    if n_cores == 1:
-        return EigPlan(1, 1, None, None)
-    n = min(PROBE_PER_CORE * n_cores, PROBE_MOST)
-    X = torch.randn(n, PROBE_SIDE, PROBE_SIDE, dtype=torch.float64,
-                    generator=torch.Generator().manual_seed(0))
-    G = X @ X.mT  # [n, side, side]
-    one, spread_s = _seconds(G, 1), _seconds(G, n_cores)
-    return EigPlan(n_cores if spread_s < SPREAD_MAX_SHARE * one else 1, n_cores, one, spread_s)
+    workers, one, spread_s = 1, None, None
+    if n_cores > 1:  # the workers, on torch's LAPACK (at every size)
+        G = _probe_grams(min(PROBE_PER_CORE * n_cores, PROBE_MOST), PROBE_SIDE)
+        one, spread_s = _seconds(G, 1), _seconds(G, n_cores)
+        workers = n_cores if spread_s < SPREAD_MAX_SHARE * one else 1
+    solver, timed = "torch", ()
+    if len(solvers()) > 1:  # then the LAPACK of the large matrices, on those workers
+        G = _probe_grams(SOLVER_PROBE_PER_WORKER * workers, SOLVER_PROBE_SIDE)
+        timed = tuple((name, _seconds(G, workers, name)) for name in solvers())
+        if dict(timed)["numpy"] < SOLVER_MAX_SHARE * dict(timed)["torch"]:
+            solver = "numpy"
+    return EigPlan(workers, n_cores, one, spread_s, solver, timed)
 
 
 def eig_plan() -> EigPlan:
-    """This machine's EigPlan: timed on the first call (~0.2 s on 2 cores), then kept for
+    """This machine's EigPlan: timed on the first call (~0.4 s on 2 cores), then kept for
     the process (per core count)."""
     return _plan(cores())
 
 
+def _solver() -> str:
+    return _forced_solver[-1] if _forced_solver else eig_plan().solver
+
+
 def spread(fn: Callable[[torch.Tensor], torch.Tensor], A: torch.Tensor) -> torch.Tensor:
-    """fn (a per-matrix batched function, e.g. torch.linalg.eigvalsh) of A [..., m, n], its
-    batch spread over eig_plan()'s workers on a CPU; on another device one call. Returns
-    fn's result with A's batch dims."""
+    """fn (a per-matrix batched function: solve, or a whole pipeline that calls it) of A
+    [..., m, n], its batch spread over eig_plan()'s workers on a CPU, the chosen LAPACK
+    held to one thread; on another device one call. Returns fn's result with A's batch
+    dims."""
     if A.device.type != "cpu":
         return fn(A)
     flat = A.reshape(-1, *A.shape[-2:])  # [N, m, n]
     big = flat.shape[0] > 1 and min(A.shape[-2:]) >= SPREAD_FROM
     workers = (_forced[-1] if _forced else eig_plan().workers) if big else 1
-    with one_thread():
+    with one_thread(), _held(_solver()):
         out = _run(fn, flat, workers)
     return out.reshape(*A.shape[:-2], *out.shape[1:])
 
 
+def solve(G: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues [..., n], ascending, of symmetric G [..., n, n] (its lower triangle) by
+    the chosen LAPACK, in the calling thread: for functions that spread() runs (there the
+    LAPACK is held to one thread). On another device, torch's batched call."""
+    if G.device.type != "cpu" or G.shape[-1] < SOLVER_FROM:
+        return torch.linalg.eigvalsh(G)
+    return SOLVERS[_solver()](G)
+
+
 def eigvalsh(G: torch.Tensor) -> torch.Tensor:
     """Eigenvalues [..., n], ascending, of symmetric G [..., n, n] (its lower triangle),
-    as torch.linalg.eigvalsh gives them, the batch spread over the cores."""
-    return spread(torch.linalg.eigvalsh, G)
+    the batch spread over the cores."""
+    return spread(solve, G)
 
 
 def eigensolver_text(device) -> str:

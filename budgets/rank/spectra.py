@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from .eigen import eigvalsh, spread
+from .eigen import solve, spread
 
 Method = Callable[[torch.Tensor], torch.Tensor]
 
@@ -41,20 +41,51 @@ def _svd(A: torch.Tensor) -> torch.Tensor:
     return spread(torch.linalg.svdvals, A)  # [..., min(m, n)]
 
 
+TRIANGULAR_BASE = 128  # _lower_gram's blocks from this side down are plain products
+
+
+def _lower_gram(A: torch.Tensor) -> torch.Tensor:
+    """A A^T [..., n, n] of lower-triangular A [..., n, n] (a causal mixing matrix), by
+    halves: [[A11, 0], [A21, A22]] gives A11 A11^T, A21 A11^T and A21 A21^T + A22 A22^T,
+    the triangular ones recursively. A third of a full product's flops: 1024 x 1024 in
+    fp64 on one thread took 16 ms instead of 41 (AMD EPYC)."""
+    n = A.shape[-1]
+    if n <= TRIANGULAR_BASE:
+        return A @ A.mT
+    h = n // 2
+    A11, A21, A22 = A[..., :h, :h], A[..., h:, :h], A[..., h:, h:]
+    G = A.new_empty(A.shape)
+    G[..., :h, :h] = _lower_gram(A11)
+    G21 = A21 @ A11.mT  # [..., n - h, h]
+    G[..., h:, :h] = G21
+    G[..., :h, h:] = G21.mT
+    G[..., h:, h:] = A21 @ A21.mT + _lower_gram(A22)
+    return G
+
+
 def _gram(A: torch.Tensor) -> torch.Tensor:
-    """The smaller Gram matrix [..., k, k] of fp64 A [..., m, n], k = min(m, n)."""
+    """The smaller Gram matrix [..., k, k] of fp64 A [..., m, n], k = min(m, n); of a
+    lower-triangular square A by its halves (the zeros checked: ~1 ms at 1024)."""
     m, n = A.shape[-2:]
+    if m == n > TRIANGULAR_BASE and not A.triu(1).any():
+        return _lower_gram(A)
     return A @ A.mT if m <= n else A.mT @ A
 
 
 def _values(G: torch.Tensor) -> torch.Tensor:
-    """Singular values, descending, from Gram matrices G [..., k, k]."""
-    lam = eigvalsh(G)  # ascending; tiny negatives are rounding
+    """Singular values, descending, from Gram matrices G [..., k, k] (in a worker)."""
+    lam = solve(G)  # ascending; tiny negatives are rounding
     return lam.flip(-1).clamp_min(0).sqrt()
 
 
-def _gram_values(A: torch.Tensor) -> torch.Tensor:
+def _gram_values_here(A: torch.Tensor) -> torch.Tensor:
     return _values(_gram(A.to(torch.float64)))
+
+
+def _gram_values(A: torch.Tensor) -> torch.Tensor:
+    # the whole pipeline in each worker: the fp64 copy and the Gram product are a third
+    # of the eigensolver's time on 1024 x 1024, and spread over the cores with it
+    return spread(_gram_values_here, A)
 
 
 METHODS: dict[str, Method] = {"svd": _svd, "gram": _gram_values}
@@ -113,11 +144,16 @@ def _centered_gram(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     return G - m * (mu.unsqueeze(-1) * mu.unsqueeze(-2))
 
 
-def _pair_values(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair_here(A: torch.Tensor) -> torch.Tensor:
+    """[N, 2, k]: the raw and the centered singular values of A [N, m, n] (in a worker)."""
     A = A.to(torch.float64)
     G = _gram(A)
-    s = _values(torch.stack([G, _centered_gram(G, A)]))  # one batch for the eigensolver
-    return s[0], s[1]
+    return _values(torch.stack([G, _centered_gram(G, A)], dim=1))  # [N, 2, k, k] -> [N, 2, k]
+
+
+def _pair_values(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = spread(_pair_here, A)  # [..., 2, k]
+    return s[..., 0, :], s[..., 1, :]
 
 
 def centered_pair(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,8 +2,10 @@
 (spectra.centered_pair): the same values as one serial call, one LAPACK thread in every
 worker, the centered Gram as exact as the fp64 SVD."""
 
+import contextlib
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,18 +65,108 @@ def test_small_or_single_matrices_stay_in_one_call():
 def test_plan_is_timed_once_and_described(monkeypatch):
     eigen._plan.cache_clear()
     timed = []
-    monkeypatch.setattr(eigen, "_seconds", lambda G, w: timed.append(w) or {1: 1.0}.get(w, 0.6))
+
+    def seconds(G, w, solver="torch"):
+        timed.append((w, solver))
+        return {(1, "torch"): 1.0}.get((w, solver), 0.6)
+
+    monkeypatch.setattr(eigen, "_seconds", seconds)
+    monkeypatch.setattr(eigen, "solvers", lambda: ["torch"])
     try:
         plan = eigen._plan(4)
-        assert plan == EigPlan(4, 4, 1.0, 0.6) and timed == [1, 4]
-        assert eigen._plan(4) is plan and timed == [1, 4]  # cached
+        assert plan == EigPlan(4, 4, 1.0, 0.6) and timed == [(1, "torch"), (4, "torch")]
+        assert eigen._plan(4) is plan and len(timed) == 2  # cached
         assert "4 workers x 1 thread" in plan.describe() and "1 worker 1.000 s" in plan.describe()
         # under SPREAD_MAX_SHARE only: 0.8 of one worker's time keeps one worker
-        monkeypatch.setattr(eigen, "_seconds", lambda G, w: {1: 1.0}.get(w, 0.8))
+        monkeypatch.setattr(eigen, "_seconds", lambda G, w, solver="torch": {1: 1.0}.get(w, 0.8))
         assert eigen._plan(3).workers == 1
         assert eigen._plan(1) == EigPlan(1, 1, None, None)
     finally:
         eigen._plan.cache_clear()
+
+
+@pytest.mark.parametrize("numpy_s, solver", [(0.7, "numpy"), (0.85, "torch")],
+                         ids=["numpy-under-share", "numpy-over-share"])
+def test_plan_takes_numpy_only_under_its_share_of_torchs_time(monkeypatch, numpy_s, solver):
+    """The large matrices' LAPACK is timed on the workers the plan chose; numpy's wins
+    only under SOLVER_MAX_SHARE of torch's time, so noise does not flip it."""
+    eigen._plan.cache_clear()
+    seen = []
+
+    def seconds(G, w, name="torch"):
+        seen.append((tuple(G.shape), w, name))
+        return {"torch": 1.0, "numpy": numpy_s}[name] if G.shape[-1] == eigen.SOLVER_PROBE_SIDE \
+            else {1: 1.0}.get(w, 0.5)
+
+    monkeypatch.setattr(eigen, "_seconds", seconds)
+    monkeypatch.setattr(eigen, "solvers", lambda: ["torch", "numpy"])
+    try:
+        plan = eigen._plan(2)
+        assert plan.workers == 2 and plan.solver == solver
+        assert dict(plan.solver_s) == {"torch": 1.0, "numpy": numpy_s}
+        side = eigen.SOLVER_PROBE_SIDE
+        assert [s for s in seen if s[0][-1] == side] == [
+            ((2 * eigen.SOLVER_PROBE_PER_WORKER, side, side), 2, n) for n in ("torch", "numpy")]
+        assert f"{solver}'s LAPACK from {eigen.SOLVER_FROM}" in plan.describe()
+    finally:
+        eigen._plan.cache_clear()
+
+
+needs_numpy_solver = pytest.mark.skipif(
+    "numpy" not in eigen.solvers(),
+    reason=f"numpy's BLAS ({eigen.numpy_blas()}) is not one threadpoolctl holds to one thread")
+
+
+@needs_numpy_solver
+def test_numpy_solver_spread_is_bit_identical_and_agrees_with_torch():
+    """numpy's LAPACK: each matrix as one serial numpy call gives it, on any number of
+    workers; torch's within LAPACK rounding (1e-12 of the largest eigenvalue)."""
+    from threadpoolctl import threadpool_limits
+
+    G = grams(5, eigen.SOLVER_FROM)
+    with threadpool_limits(limits=1, user_api="blas"):  # a BLAS team rounds otherwise
+        want = torch.from_numpy(np.linalg.eigvalsh(G.numpy()))
+    with eigen.forced_solver("numpy"):
+        for workers in (1, 2):
+            with forced_workers(workers):
+                assert torch.equal(eigvalsh(G), want)
+    torch.testing.assert_close(want, torch.linalg.eigvalsh(G), rtol=0,
+                               atol=1e-12 * float(want.max()))
+
+
+@needs_numpy_solver
+def test_numpy_solver_runs_its_blas_on_one_thread_and_restores_it():
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before, seen = blas_threads(), []
+
+    def record(A):
+        seen.extend(blas_threads())
+        return eigen.solve(A @ A.mT)
+
+    with eigen.forced_solver("numpy"), forced_workers(2):
+        spread(record, torch.randn(4, eigen.SOLVER_FROM, 8, dtype=torch.float64))
+    assert seen and set(seen) == {1}
+    assert blas_threads() == before
+
+
+def test_small_matrices_take_torchs_lapack_whatever_the_plan():
+    """Below SOLVER_FROM, numpy's calls from two workers did not overlap: torch's LAPACK."""
+    G = grams(3, eigen.SOLVER_FROM - 1)
+    with contextlib.ExitStack() as stack:
+        if "numpy" in eigen.solvers():
+            stack.enter_context(eigen.forced_solver("numpy"))
+        with one_thread():
+            assert torch.equal(eigen.solve(G), torch.linalg.eigvalsh(G))
+
+
+def test_forced_solver_refuses_an_unknown_one():
+    with pytest.raises(ValueError, match="eigensolver 'scipy' is not available here"), \
+            eigen.forced_solver("scipy"):
+        pass
 
 
 def test_plan_counts_the_cores_outside_one_thread():
@@ -128,3 +220,18 @@ def test_centered_pair_of_fp64_takes_the_svd():
     s, s_c = centered_pair(A)
     assert s.dtype == torch.float64
     assert torch.equal(s_c, spectrum(A, center=True))
+
+
+@pytest.mark.parametrize("n", [129, 300, 512], ids=lambda n: f"n{n}")
+def test_lower_gram_is_the_gram_of_a_triangular_matrix(n):
+    """A causal mixing matrix's Gram by its halves: A A^T to fp64 rounding, for odd
+    halves and leading dims too; any other matrix gets the plain product."""
+    from budgets.rank import spectra
+
+    P = causal_softmax(2, 2, n).double()
+    want = P @ P.mT
+    G = spectra._gram(P)
+    torch.testing.assert_close(G, want, rtol=0, atol=1e-14 * float(want.abs().max()))
+    Q = P.clone()
+    Q[..., 0, -1] = 1e-30  # one entry above the diagonal: not triangular
+    assert torch.equal(spectra._gram(Q), Q @ Q.mT)
