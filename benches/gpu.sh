@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, about 8 minutes on one H200 at most:
-#   1. the gpu-marked tests (every fused kernel against its reference, on CUDA)
+#   1. the gpu-marked tests (every fused kernel against its reference, on CUDA; -rP prints
+#      what a passing test measured, e.g. the spectra's seconds per layer on the device)
 #   2. python -m benches.zoo.bench_gpu: attention fwd+bwd TFLOP/s against the chip's bf16
 #      peak; the fused linear-attention and SSD kernels against the chunked torch paths
 #   3. python -m benches.train.harness.bench_loop on CUDA: the harness against a plain loop
@@ -46,7 +47,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     | tee -a "$logs/device.log"
 
-stage tests 240 "$python" -m pytest -q -m gpu -p no:cacheprovider tests
+stage tests 240 "$python" -m pytest -q -rP -m gpu -p no:cacheprovider tests
 stage kernels 150 "$python" -m benches.zoo.bench_gpu
 stage harness 90 "$python" -m benches.train.harness.bench_loop --device cuda --variant mha
 exit "$status"

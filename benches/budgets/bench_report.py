@@ -3,6 +3,7 @@
     python -m benches.budgets.bench_report                        # 1 x 1024, one vs all
     python -m benches.budgets.bench_report --base /tmp/base       # and an earlier checkout
     python -m benches.budgets.bench_report --rounds 2 --seq-len 512
+    python -m benches.budgets.bench_report --device cuda          # on a GPU (benches/gpu.sh)
 
 The model is a randomly initialized one of SmolLM-135M's layout (30 layers, hidden 576,
 9 query heads over 3 KV heads of 64: benches/budgets/bench_long_probe.py), saved once to a
@@ -21,7 +22,9 @@ eigen.py's timed probe chose: its choice is printed), and with --base DIR "base"
 in DIR, e.g. a `git worktree` of an earlier commit, on the same model). --rounds repeats
 the runs interleaved (one, all, base, one, ...); the ratios are of each mode's fastest
 run. The machine (CPU model, cores, load average before and after) is printed: on a
-shared machine every time stretches with the load, the ratios within one run hold.
+shared machine every time stretches with the load, the ratios within one run hold. With
+--device cuda the model and its spectra are on the GPU (each layer's batch one call), and
+only "all" (and "base") run: the CPU workers do not apply there.
 """
 
 from __future__ import annotations
@@ -112,18 +115,20 @@ def _workers(mode: str):
     return contextlib.nullcontext(), eig_plan().describe()
 
 
-def child(model_dir: str, seq_len: int, mode: str) -> dict:
+def child(model_dir: str, seq_len: int, mode: str, device: str = "cpu") -> dict:
     """One run's split (in this process)."""
     from budgets.hf.probe import build_hf_report, probe_hf_model
     from train.hf.model_dir import load_model
 
     clock = Clock()
     start = time.perf_counter()
-    model = load_model(Path(model_dir), "float32")[0]
+    model = load_model(Path(model_dir), "float32")[0].to(device)
     clock.seconds["load"] = time.perf_counter() - start
     vocab = int(model.config.vocab_size)
-    ids = torch.randint(0, vocab, (1, seq_len), generator=torch.Generator().manual_seed(0))
-    setting, eigensolver = _workers(mode)
+    ids = torch.randint(0, vocab, (1, seq_len),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    setting, eigensolver = _workers(mode) if device == "cpu" else (
+        contextlib.nullcontext(), f"one batched call on {device}")
     start = time.perf_counter()
     with setting, watching(clock):
         probe, loss = probe_hf_model(model, ids)
@@ -133,10 +138,13 @@ def child(model_dir: str, seq_len: int, mode: str) -> dict:
                             "probe_size": 1, "seq_len": seq_len}}
         json.dumps(build_hf_report("bench", entry))
         clock.seconds["figures"] += time.perf_counter() - build
+    if device != "cpu":
+        torch.cuda.synchronize()
     probed = time.perf_counter() - start
     clock.seconds["capture"] = probed - sum(clock.seconds[s] for s in STAGES[2:])
     total = probed + clock.seconds["load"]
-    return {"mode": mode, "eigensolver": eigensolver, "total_s": round(total, 2),
+    return {"mode": mode, "device": device, "eigensolver": eigensolver,
+            "total_s": round(total, 2),
             "split": {s: round(v, 2) for s, v in clock.seconds.items()},
             "shares": {s: round(v / total, 3) for s, v in clock.seconds.items()}}
 
@@ -152,12 +160,13 @@ def machine() -> dict:
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
-def run_child(mode: str, model_dir: str, seq_len: int, base: Path | None) -> dict:
+def run_child(mode: str, model_dir: str, seq_len: int, base: Path | None,
+              device: str = "cpu") -> dict:
     env = dict(os.environ)
     code = ROOT if mode != "base" else base
     env["PYTHONPATH"] = str(code)  # the packages from `code`, this file run as a script
     cmd = [sys.executable, str(Path(__file__)), "--child", mode, "--model-dir", model_dir,
-           "--seq-len", str(seq_len)]
+           "--seq-len", str(seq_len), "--device", device]
     out = subprocess.run(cmd, env=env, cwd=str(code), capture_output=True, text=True,
                          check=False)
     if out.returncode:
@@ -192,20 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--base", type=Path, help="a checkout of earlier code, run beside")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--child", choices=("one", "all", "base"), help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.model_dir, args.seq_len, args.child)))
+        print(json.dumps(child(args.model_dir, args.seq_len, args.child, args.device)))
         return 0
-    modes = ["one", "all", *(["base"] if args.base else [])]
+    modes = [*(["one"] if args.device == "cpu" else []), "all", *(["base"] if args.base else [])]
     with tempfile.TemporaryDirectory(prefix="bench_report_") as model_dir:
         save_model(model_dir)
         before = machine()
         runs = []
         for _ in range(args.rounds):
             for mode in modes:
-                runs.append(run_child(mode, model_dir, args.seq_len, args.base))
+                runs.append(run_child(mode, model_dir, args.seq_len, args.base, args.device))
                 print(json.dumps(runs[-1]), file=sys.stderr)
     report = {"machine": {**before, "load_average_after": machine()["load_average"]},
               "seq_len": args.seq_len, "batch": 1, "runs": runs, "ratios": ratios(runs)}
