@@ -4,6 +4,7 @@ dry run, so the other verbs start fast."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from ..experiment.sweep import summarize
 from ..harness.devices import check_experiment
 from ..render.plan import plan_table
 from ..rundir.layout import CHECKPOINT_FILE
-from .common import add_details, add_format, console, print_document
+from .common import add_details, add_format, console, positive_int, print_document
 from .report import print_report
 
 
@@ -32,9 +33,25 @@ def add_parser(sub) -> None:
                       help=f"continue each variant from its {CHECKPOINT_FILE}")
     add_format(t, help="json: print the final report as one JSON document on stdout")
     add_details(t)
+    t.add_argument("--jobs", type=jobs_value, default="auto", metavar="N|auto",
+                   help="train the runs on N worker processes of the CPU side by side, "
+                        "each on cores/N threads; auto (default): one per core for two "
+                        "runs or more of 200 steps or more, as many as memory holds, else "
+                        "one at a time. Accelerators and distributed runs: one at a time")
     t.add_argument("--dry-run", action="store_true",
                    help="print the matched table (parameters, declared budget, costs per "
                         "variant) and stop: no training, the run directory is not touched")
+
+
+def jobs_value(text: str) -> int | str:
+    """--jobs: "auto" or a positive int (train/experiment/parallel.py check_jobs)."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive int or 'auto', got {text!r}") \
+            from None
 
 
 def take_overrides(args, extra: list[str]) -> bool:
@@ -56,7 +73,8 @@ def cmd_train(args, out: Console) -> int:
 
     try:
         report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
-                                  resume=args.resume, console=console(stderr=True))
+                                  resume=args.resume, console=console(stderr=True),
+                                  jobs=args.jobs)
     except NonFiniteLoss as e:  # a diverged run is not a crash: say which, keep what is saved
         print(f"rankzoo: error: {e}", file=sys.stderr)
         return 1

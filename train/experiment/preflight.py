@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,19 +79,28 @@ def preflight(exp: Experiment, available: dict[str, int | None] | None = None) -
         make_splits(exp.data.spec(), 1, 1, exp.seed)
     kind = device_kind(exp.train.accelerator)
     free = (available if available is not None else {kind: available_memory(kind)}).get(kind)
+    for estimate in memory_estimates(exp, before_build=lambda e: check_memory(e, free, kind)):
+        check_memory(estimate, free, kind)
+    return size_warnings(exp)
+
+
+def memory_estimates(exp: Experiment, before_build: Callable[[MemoryEstimate], None]
+                     = lambda estimate: None) -> Iterator[MemoryEstimate]:
+    """Every run's estimate with its activations measured, then (stage "finetune") the
+    fine-tune's of its variant. `before_build` sees the estimates of a model's runs without
+    activations first: weights and optimizer state are checked before the model is built,
+    which happens only if they fit. train/experiment/parallel.py reads them too: how many
+    workers fit side by side."""
     for base, first in exp.base_variants().items():  # a sweep's grid points share a model
         runs = [static_estimate(exp, run, base) for run, v in exp.variants.items()
                 if (v.base or run) == base]
-        for estimate in runs:  # weights and optimizer state first: the model is built
-            check_memory(estimate, free, kind)  # only if they fit
+        for estimate in runs:
+            before_build(estimate)
         model = build_model(bounded_config(exp, first))
         a, c = activation_bytes(model, base, exp.data.seq_len, exp.train.accelerator)
-        for estimate in runs:
-            check_memory(estimate.with_activations(a, c), free, kind)
+        yield from (estimate.with_activations(a, c) for estimate in runs)
         if exp.finetune is not None and base in exp.finetune_variants():
-            estimate = finetune_estimate(exp, base, first, model)
-            check_memory(estimate.with_activations(a, c), free, kind)
-    return size_warnings(exp)
+            yield finetune_estimate(exp, base, first, model).with_activations(a, c)
 
 
 # ---------------------------------------------------------------- warnings

@@ -1,5 +1,6 @@
 """Train every variant of an experiment (or every grid point of its sweep), one after
-another, then its fine-tune stage, and write the run directory.
+another or side by side on worker processes (train/experiment/parallel.py, --jobs), then
+its fine-tune stage, and write the run directory.
 
     runs/<experiment>/                 TensorBoard root (variants overlay), experiment.yaml
     runs/<experiment>/<variant>/       config.yaml, checkpoints/last.ckpt, ranks.jsonl,
@@ -38,6 +39,7 @@ from ..rundir.read import load_checkpoint
 from ..rundir.status import read_status
 from .disk import disk_preflight
 from .finetune import finetune_experiment
+from .parallel import Jobs, TrainOne, choose_jobs, train_parallel
 from .preflight import preflight as sizes_preflight
 from .preflight import write_notes
 from .sweep import best_runs, summarize, write_summary
@@ -46,13 +48,17 @@ __all__ = ["prepare_run_dir", "train_experiment", "train_variant"]
 
 
 def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: bool = False,
-                     resume: bool = False, console: Console | None = None) -> dict | None:
+                     resume: bool = False, console: Console | None = None,
+                     jobs: int | str = 1) -> dict | None:
     """Train all variants of `exp` under runs_dir/<name>; return the combined report
-    (None on a non-zero rank of a distributed run: rank zero writes and reports)."""
+    (None on a non-zero rank of a distributed run: rank zero writes and reports). `jobs`:
+    worker processes for its runs, or "auto" (train/experiment/parallel.py choose_jobs)."""
     quiet_lightning()
     exp_dir = Path(runs_dir) / exp.name
     check_settings(exp)
     notes = preflight(exp)
+    chosen = choose_jobs(exp, jobs)  # after preflight: the estimates auto reads fit alone
+    notes += warn(list(chosen.notes))
     if not is_global_zero():
         # a rank that a launcher re-ran (e.g. Lightning's ddp): rank zero prepared the run
         # directory already; train alongside it, silently, and write nothing of our own
@@ -63,7 +69,7 @@ def train_experiment(exp: Experiment, runs_dir: str | Path = "runs", overwrite: 
     try:
         with hold_run_dir(exp_dir):  # one writer at a time: RunLocked names the holder
             notes += warn(disk_preflight(exp, exp_dir, overwrite, resume))
-            return train_locked(exp, exp_dir, overwrite, resume, notes, console)
+            return train_locked(exp, exp_dir, overwrite, resume, notes, console, chosen)
     except BaseException:
         remove_empty(created)
         raise
@@ -86,7 +92,7 @@ def remove_empty(dirs: list[Path]) -> None:
 
 
 def train_locked(exp: Experiment, exp_dir: Path, overwrite: bool, resume: bool,
-                 notes: list[str], console: Console) -> dict:
+                 notes: list[str], console: Console, jobs: Jobs | None = None) -> dict:
     """train_experiment's work on rank zero, holding the run directory's lock."""
     prepare_run_dir(exp_dir, overwrite=overwrite, resume=resume)
     if resume:
@@ -97,7 +103,7 @@ def train_locked(exp: Experiment, exp_dir: Path, overwrite: bool, resume: bool,
     try:
         write_yaml(exp_dir / EXPERIMENT_FILE, exp.to_dict())
         write_notes(exp_dir, notes)
-        entries, summary = train_all(exp, exp_dir, resume, console)
+        entries, summary = train_all(exp, exp_dir, resume, console, jobs)
     except NonFiniteLoss:  # a finding: the directory keeps the notes that say where
         raise
     except BaseException:
@@ -129,18 +135,17 @@ def any_progress(exp_dir: Path) -> bool:
     return False
 
 
-def train_all(exp: Experiment, exp_dir: Path, resume: bool,
-              console: Console) -> tuple[dict[str, dict], dict | None]:
-    """Every variant (or sweep run), then the fine-tune stage: the report entries by name
-    and the sweep summary (None without a sweep). Every rank runs the same sequence of
-    fits, or a distributed run falls out of step; only rank zero gets entries back."""
-    entries = {}
-    for i, variant in enumerate(exp.variants, 1):
-        console.rule(f"variant {i}/{len(exp.variants)}: {variant}")
-        entry = train_sweep_run(exp, variant, exp_dir, resume, console) if exp.sweep \
-            else train_variant(exp, variant, exp_dir, resume, console)
-        if entry is not None:
-            entries[variant] = entry
+def train_all(exp: Experiment, exp_dir: Path, resume: bool, console: Console,
+              jobs: Jobs | None = None) -> tuple[dict[str, dict], dict | None]:
+    """Every variant (or sweep run), in turn or on jobs.processes workers, then the
+    fine-tune stage: the report entries by name and the sweep summary (None without a
+    sweep). Every rank runs the same sequence of fits, or a distributed run falls out of
+    step; only rank zero gets entries back."""
+    train_one = train_sweep_run if exp.sweep else train_variant
+    if jobs is not None and jobs.processes > 1:
+        entries = train_parallel(exp, exp_dir, resume, console, jobs, train_one)
+    else:
+        entries = train_in_turn(exp, exp_dir, resume, console, train_one)
     zero = is_global_zero()
     if zero and not entries:
         raise NonFiniteLoss(f"every run of the sweep diverged; see {exp_dir}/*/{DIVERGED_FILE}")
@@ -153,14 +158,28 @@ def train_all(exp: Experiment, exp_dir: Path, resume: bool,
     return entries, summary
 
 
+def train_in_turn(exp: Experiment, exp_dir: Path, resume: bool, console: Console,
+                  train_one: TrainOne) -> dict[str, dict]:
+    """Every variant (or sweep run) one after another in this process, by `train_one`."""
+    entries = {}
+    for i, variant in enumerate(exp.variants, 1):
+        console.rule(f"variant {i}/{len(exp.variants)}: {variant}")
+        entry = train_one(exp, variant, exp_dir, resume, console)
+        if entry is not None:
+            entries[variant] = entry
+    return entries
+
+
 def train_variant(exp: Experiment, variant: str, exp_dir: Path, resume: bool,
-                  console: Console) -> dict | None:
-    """Train one variant (or sweep run); its report entry, None on a non-zero rank."""
-    return fit_run(RunSpec(variant, exp, exp.variant_config(variant)), exp_dir, resume, console)
+                  console: Console, labelled: bool = False) -> dict | None:
+    """Train one variant (or sweep run); its report entry, None on a non-zero rank.
+    `labelled`: its validation lines name it (runs side by side)."""
+    return fit_run(RunSpec(variant, exp, exp.variant_config(variant)), exp_dir, resume, console,
+                   labelled)
 
 
 def train_sweep_run(exp: Experiment, run: str, exp_dir: Path, resume: bool,
-                    console: Console) -> dict | None:
+                    console: Console, labelled: bool = False) -> dict | None:
     """Train one grid point of a sweep; None when it diverged. A learning rate too high
     to train is a finding of the sweep, not the end of it: the run directory keeps the
     last good checkpoint and a note, and the sweep goes on."""
@@ -169,7 +188,7 @@ def train_sweep_run(exp: Experiment, run: str, exp_dir: Path, resume: bool,
         console.print(f"{run}: diverged before ({diverged}); not retried")
         return None
     try:
-        return train_variant(exp, run, exp_dir, resume, console)
+        return train_variant(exp, run, exp_dir, resume, console, labelled)
     except NonFiniteLoss as e:
         if is_global_zero():
             write_text(diverged, f"{e}\n")

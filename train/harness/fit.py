@@ -86,9 +86,12 @@ def ended(e: BaseException, vdir: Path, start: int, trainer) -> BaseException:
     return e
 
 
-def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dict | None:
+def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console,
+            labelled: bool = False) -> dict | None:
     """Train one run; return its report entry {probe, step, params, metrics}, or None on a
-    non-zero rank of a distributed run (which trains alongside but writes nothing)."""
+    non-zero rank of a distributed run (which trains alongside but writes nothing).
+    `labelled`: its validation lines name the run, as when runs train side by side
+    (train/experiment/parallel.py) and their lines interleave."""
     vdir = exp_dir / spec.name
     done = finished_entry(vdir, spec.exp.train.max_steps) if resume else None
     if done is not None:  # its report stands; a refit would only rewrite it
@@ -120,7 +123,8 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console) -> dic
     try:
         trainer = make_trainer(spec.exp, spec.name, exp_dir, probe_batch, console,
                                batches=train_loader.batch_sampler,
-                               purge_step=after(start, ckpt_path) if resume else None)
+                               purge_step=after(start, ckpt_path) if resume else None,
+                               label=spec.name if labelled else None)
         began = time.perf_counter()
         final = fit_and_validate(trainer, module, train_loader, val_loader, ckpt_path)
         seconds = time.perf_counter() - began
@@ -231,7 +235,8 @@ def describe(spec: RunSpec, params: int) -> str:
 def outcome(spec: RunSpec, step: int, final: dict[str, float], seconds: float,
             rate: float | None = None) -> str:
     """The line closing a run: its final figures (a fine-tune's beside its zero-shot), the
-    fit's seconds and tokens per second."""
+    fit's seconds and tokens per second (of this process: under `rankzoo train --jobs`,
+    on its worker's threads, beside the other workers)."""
     zero_shot = spec.config.get("finetune", {}).get("zero_shot")
     before = "" if zero_shot is None else f" (zero-shot {zero_shot['val/accuracy']:.3f})"
     speed = "" if rate is None else f", {rate:,.0f} tokens/s"
@@ -279,10 +284,13 @@ class StepProgressBar(RichProgressBar):
 
 class ValidationLog(Callback):
     """One line per validation: the plain-text stand-in for the progress bar, with the
-    tokens per second since the line before (or the start of training)."""
+    tokens per second since the line before (or the start of training); `label` (the
+    run's name) starts the line where several runs print at once."""
 
-    def __init__(self, console: Console, tokens_per_rank_step: int = 0):
+    def __init__(self, console: Console, tokens_per_rank_step: int = 0,
+                 label: str | None = None):
         self.console, self.tokens_per_rank_step = console, tokens_per_rank_step
+        self.prefix = f"{label} " if label else ""
         self.tokens_per_step = tokens_per_rank_step
         self.since: tuple[float, int] | None = None  # (perf_counter, global step) of the last line
 
@@ -300,25 +308,26 @@ class ValidationLog(Callback):
             rate = (step - self.since[1]) * self.tokens_per_step / (now - self.since[0])
             shown += f" · {rate:,.0f} tokens/s"
         self.since = (now, step)
-        self.console.print(f"  step {step}: {shown}")
+        self.console.print(f"  {self.prefix}step {step}: {shown}")
 
 
 def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.Tensor,
                  console: Console, batches: EpochBatches | None = None,
-                 purge_step: int | None = None) -> L.Trainer:
+                 purge_step: int | None = None, label: str | None = None) -> L.Trainer:
     """Lightning supplies the loop; checkpoints, rank monitor, progress, TensorBoard. On a
     resume, `purge_step` is the step after the checkpoint's (fit.after): TensorBoard hides
     the points that the interrupted run logged from it on. `batches`, the train loader's
     sampler, is moved to the checkpoint's step when Lightning loads it. Every TensorBoard
     point of step k sits at k, as the console shows it: train and validation scalars
-    (train/harness/checkpoint.py TrainScalars), rank scalars and histograms (RankMonitor)."""
+    (train/harness/checkpoint.py TrainScalars), rank scalars and histograms (RankMonitor).
+    `label` starts each validation line (ValidationLog) where runs print side by side."""
     t, m, vdir = exp.train, exp.monitor, exp_dir / name
     files = VariantFiles(vdir)
     monitor = RankMonitor(m.every_n_steps, probe_batch, eps=m.eps, out_path=files.ranks,
                           histograms=DEFAULT_HISTOGRAMS if m.histograms else None)
     # a live progress bar on a terminal; in logs and pipes, one line per validation instead
     progress = ([StepProgressBar(console_kwargs={"stderr": True})] if console.is_terminal
-                else [ValidationLog(console, tokens_per_step(exp))])
+                else [ValidationLog(console, tokens_per_step(exp), label)])
     saver = StepCheckpoint(files.checkpoint, t.checkpoint_every_n_steps,
                            t.val_every_n_steps, batches,
                            on_save=lambda step: write_status(vdir, "running", step))

@@ -87,6 +87,9 @@ class WriteFailed(OSError):
     def __str__(self) -> str:  # the line itself, not OSError's "[Errno n] ..."
         return self.line
 
+    def __reduce__(self):  # whole across processes (--jobs): OSError's own drops errno
+        return type(self), (self.line, self.errno, self.filename)
+
 
 def write_failed(path: Path, error: OSError) -> WriteFailed:
     """The one-line error for `error` raised while writing `path`; on a full disk it says
