@@ -197,9 +197,21 @@ def forced_solver(name: str):
         _forced_solver.pop()
 
 
+_holding: list[bool] = []  # while non-empty, numpy's BLAS is on one thread (_held)
+
+
+@contextlib.contextmanager
 def _held(solver: str):
     """numpy's BLAS on one thread for the block (threadpoolctl: one C call each way)."""
-    return _blas().limit(limits=1) if solver == "numpy" else contextlib.nullcontext()
+    if solver != "numpy":
+        yield
+        return
+    with _blas().limit(limits=1):
+        _holding.append(True)
+        try:
+            yield
+        finally:
+            _holding.pop()
 
 
 # ---------------------------------------------------------------- the workers
@@ -279,9 +291,12 @@ def spread(fn: Callable[[torch.Tensor], torch.Tensor], A: torch.Tensor) -> torch
     if A.device.type != "cpu":
         return fn(A)
     flat = A.reshape(-1, *A.shape[-2:])  # [N, m, n]
-    big = flat.shape[0] > 1 and min(A.shape[-2:]) >= SPREAD_FROM
+    side = min(A.shape[-2:])  # of the Gram matrix, or of A itself when A is one
+    big = flat.shape[0] > 1 and side >= SPREAD_FROM
     workers = (_forced[-1] if _forced else eig_plan().workers) if big else 1
-    with one_thread(), _held(_solver()):
+    # small matrices alone never start the probe: their LAPACK is torch's (solve)
+    held = _held(_solver()) if side >= SOLVER_FROM else contextlib.nullcontext()
+    with one_thread(), held:
         out = _run(fn, flat, workers)
     return out.reshape(*A.shape[:-2], *out.shape[1:])
 
@@ -292,7 +307,10 @@ def solve(G: torch.Tensor) -> torch.Tensor:
     LAPACK is held to one thread). On another device, torch's batched call."""
     if G.device.type != "cpu" or G.shape[-1] < SOLVER_FROM:
         return torch.linalg.eigvalsh(G)
-    return SOLVERS[_solver()](G)
+    solver = _solver()
+    if solver == "numpy" and not _holding:  # outside spread's hold: never a BLAS team
+        solver = "torch"
+    return SOLVERS[solver](G)
 
 
 def eigvalsh(G: torch.Tensor) -> torch.Tensor:

@@ -148,7 +148,10 @@ def test_numpy_solver_runs_its_blas_on_one_thread_and_restores_it():
         return eigen.solve(A @ A.mT)
 
     with eigen.forced_solver("numpy"), forced_workers(2):
-        spread(record, torch.randn(4, eigen.SOLVER_FROM, 8, dtype=torch.float64))
+        spread(record, torch.randn(4, eigen.SOLVER_FROM, eigen.SOLVER_FROM, dtype=torch.float64))
+        # outside a spread numpy's LAPACK is not held to one thread: torch's decomposes
+        G = grams(1, eigen.SOLVER_FROM)
+        assert torch.equal(eigen.solve(G), torch.linalg.eigvalsh(G))
     assert seen and set(seen) == {1}
     assert blas_threads() == before
 
@@ -260,3 +263,12 @@ def test_spectra_on_cuda_are_one_batch_and_match_the_cpu_workers():
             assert torch.equal(a[name], b[name])
         for name in ("erank", "stable_rank", "participation_ratio", "sigma_1"):
             torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=0)
+
+
+def test_small_batches_never_start_the_probe(monkeypatch):
+    """A training run's monitor measures 32 x 32 matrices: no probe (~0.4 s) for them."""
+    eigen._plan.cache_clear()
+    monkeypatch.setattr(eigen, "_plan", lambda n: pytest.fail("the probe ran"))
+    G = grams(4, 64)
+    assert torch.equal(eigvalsh(G), torch.linalg.eigvalsh(G))
+    assert spread(lambda A: A.sum((-2, -1)), torch.ones(1, 200, 200)).shape == (1,)  # one
