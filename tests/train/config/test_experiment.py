@@ -67,7 +67,8 @@ def test_bad_overrides(tiny_yaml, override, match):
     ("variants.mqa.block=nope", r"variants\.mqa\.block: unknown block key 'nope'"),
     ("variants.mqa.d_model=8", r"variants\.mqa: set model\.d_model"),
     ("data.num_kv_pairs=9", r"num_kv_pairs \(9\) too large for seq_len \(16\)"),
-    ("data.task=copy", r"data\.task must be one of \['mqar', 'markov', 'modadd', 'text', 'tokens'\]"),
+    ("data.task=copy",
+     r"data\.task must be one of \['mqar', 'markov', 'modadd', 'text', 'tokens'\]"),
     ("name=a/b", "name must be"),
     ("variants={}", "variants must be a non-empty mapping"),
 ])

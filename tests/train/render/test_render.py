@@ -112,8 +112,9 @@ def make_variant(name: str, n_layers: int, n_heads: int, status: dict, T: int = 
 
 
 def make_report(n_variants: int = 4, n_layers: int = 2, n_heads: int = 5) -> dict:
-    """A report with run statuses and head classes: variant i gets STATUSES[i % 4], every class of head
-    occurs, layer 0 has a dead head (centered n/a), every layer a massive token at pos 0."""
+    """A report with run statuses and head classes: variant i gets STATUSES[i % 4], every
+    class of head occurs, layer 0 has a dead head (centered n/a), every layer a massive
+    token at pos 0."""
     variants = [make_variant(f"v{i}", n_layers, n_heads, STATUSES[i % len(STATUSES)])
                 for i in range(n_variants)]
     advice = [

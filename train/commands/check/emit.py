@@ -4,8 +4,9 @@ cheaper-block or hybrid advice by training the suggested blocks beside it.
     raw = emit_check(report, "runs/quick", "check.yaml")   # written, and loaded back first
 
 The report advises "a block with a fixed state of N (linear attention with F = N, an SSM
-with N = N, or a delta rule (Gated DeltaNet, KDA) with K = N)" for layers whose past->future rank stays <= N, and, when some layers but
-not all are so advised, the hybrid that swaps exactly those layers (budgets/advice/hybrid.py).
+with N = N, or a delta rule (Gated DeltaNet, KDA) with K = N)" for layers whose
+past->future rank stays <= N, and, when some layers but not all are so advised, the hybrid
+that swaps exactly those layers (budgets/advice/hybrid.py).
 The emitted experiment is the original run's own (its data, model, train and monitor
 sections, its seed) with the variant the advice is about, as it was trained, and one
 variant per block that checks the advice (each registered family's `facts.checks`,
