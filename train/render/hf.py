@@ -124,8 +124,18 @@ def render_hf_table(report: dict) -> RenderableType:
     parts = [to_rich(hf_spec(report), **style)]
     parts += [to_rich(kinds, **style)] if kinds is not None else []
     parts += [Text(missing, style="yellow")] if missing else []
-    parts += [Text(line) for line in (shared_line(report), gguf) if line]
+    parts += [Text(line) for line in (shared_line(report), gguf, machine_line(report)) if line]
     return parts[0] if len(parts) == 1 else Group(*parts)
+
+
+def machine_line(report: dict) -> str:
+    """'device cpu, dtype float32; eigensolver 2 workers x 1 thread (...)', or '' for a
+    report that does not say (the eigensolver: budgets/rank/eigen.py's choice)."""
+    src = report.get("source", {})
+    if "device" not in src or "dtype" not in src:
+        return ""
+    return (f"device {src['device']}, dtype {src['dtype']}"
+            + (f"; eigensolver {src['eigensolver']}" if "eigensolver" in src else ""))
 
 
 def hf_markdown(report: dict) -> str:
@@ -134,9 +144,7 @@ def hf_markdown(report: dict) -> str:
     src = report["source"]
     model = f"{src.get('hf', report['variants'][0]['variant'])} ({src.get('model_type', '?')})"
     lines = ["## Probe", "", f"- model: {model}", f"- {probe_source_text(report)}",
-             *([f"- device {src['device']}, dtype {src['dtype']}"
-                + (f"; eigensolver {src['eigensolver']}" if "eigensolver" in src else "")]
-               if "device" in src and "dtype" in src else []),
+             *([f"- {machine_line(report)}"] if machine_line(report) else []),
              *([f"- {unmeasured_line(report)}"] if unmeasured_line(report) else []),
              *([f"- {shared_line(report)}"] if shared_line(report) else []),
              *([f"- {gguf_line(report)}"] if gguf_line(report) else []),
