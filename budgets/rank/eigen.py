@@ -283,6 +283,14 @@ def _solver() -> str:
     return _forced_solver[-1] if _forced_solver else eig_plan().solver
 
 
+def spread_workers(A: torch.Tensor) -> int:
+    """The workers a batch of matrices like A's [..., m, n] is spread over: eig_plan()'s
+    (or forced_workers') on a CPU from SPREAD_FROM up, else 1 (and no probe started)."""
+    if A.device.type != "cpu" or min(A.shape[-2:]) < SPREAD_FROM:
+        return 1
+    return _forced[-1] if _forced else eig_plan().workers
+
+
 def spread(fn: Callable[[torch.Tensor], torch.Tensor], A: torch.Tensor) -> torch.Tensor:
     """fn (a per-matrix batched function: solve, or a whole pipeline that calls it) of A
     [..., m, n], its batch spread over eig_plan()'s workers on a CPU, the chosen LAPACK
@@ -292,8 +300,7 @@ def spread(fn: Callable[[torch.Tensor], torch.Tensor], A: torch.Tensor) -> torch
         return fn(A)
     flat = A.reshape(-1, *A.shape[-2:])  # [N, m, n]
     side = min(A.shape[-2:])  # of the Gram matrix, or of A itself when A is one
-    big = flat.shape[0] > 1 and side >= SPREAD_FROM
-    workers = (_forced[-1] if _forced else eig_plan().workers) if big else 1
+    workers = spread_workers(A) if flat.shape[0] > 1 else 1
     # small matrices alone never start the probe: their LAPACK is torch's (solve)
     held = _held(_solver()) if side >= SOLVER_FROM else contextlib.nullcontext()
     with one_thread(), held:

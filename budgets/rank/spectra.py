@@ -28,11 +28,12 @@ eigensolver as one batch.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 
 import torch
 
-from .eigen import solve, spread
+from .eigen import solve, spread, spread_workers
 
 Method = Callable[[torch.Tensor], torch.Tensor]
 
@@ -144,15 +145,27 @@ def _centered_gram(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     return G - m * (mu.unsqueeze(-1) * mu.unsqueeze(-2))
 
 
-def _pair_here(A: torch.Tensor) -> torch.Tensor:
-    """[N, 2, k]: the raw and the centered singular values of A [N, m, n] (in a worker)."""
+def _pair_grams(A: torch.Tensor) -> torch.Tensor:
+    """[N, 2, k, k]: the raw and the centered Gram matrices of A [N, m, n] (in a worker)."""
     A = A.to(torch.float64)
     G = _gram(A)
-    return _values(torch.stack([G, _centered_gram(G, A)], dim=1))  # [N, 2, k, k] -> [N, 2, k]
+    return torch.stack([G, _centered_gram(G, A)], dim=1)
+
+
+def _pair_here(A: torch.Tensor) -> torch.Tensor:
+    """[N, 2, k]: the raw and the centered singular values of A [N, m, n] (in a worker)."""
+    return _values(_pair_grams(A))
 
 
 def _pair_values(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = spread(_pair_here, A)  # [..., 2, k]
+    # Each worker takes whole matrices, its Grams still in its cache for the eigensolver:
+    # a layer's 9 heads of 1024 x 1024 on 2 workers, 0.63 s against 0.69 s in two passes.
+    # With fewer matrices than workers, two passes: the products, then the 2N eigenproblems
+    # as tasks of their own, twice the workers busy (one head on 2 workers: see the tests).
+    if math.prod(A.shape[:-2]) < spread_workers(A):
+        s = spread(_values, spread(_pair_grams, A))  # [..., 2, k]
+    else:
+        s = spread(_pair_here, A)  # [..., 2, k]
     return s[..., 0, :], s[..., 1, :]
 
 
