@@ -333,3 +333,26 @@ def eigensolver_text(device) -> str:
     if device.type != "cpu":
         return f"one batched call on {device.type}"
     return eig_plan().describe()
+
+
+def measuring_threads(device) -> int:
+    """torch's thread count for a whole measurement on `device` (a report's forward,
+    capture and figures, not only its spectra): all cores where the probe found them free
+    (EigPlan.workers > 1), one where it found them busy. An OpenMP team on busy cores
+    waits at every barrier for a time slice: `report --hf` at 1 x 256 beside two busy
+    processes took 41-47 s on 2 threads and 9-10 s on one (quiet: the same on both)."""
+    if torch.device(device).type != "cpu" or cores() == 1:
+        return cores()
+    return cores() if eig_plan().workers > 1 else 1
+
+
+@contextlib.contextmanager
+def measuring(device):
+    """Within the block, torch computes on measuring_threads(device) threads; the count
+    before comes back after. Yields that count."""
+    before, n = torch.get_num_threads(), measuring_threads(device)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)

@@ -24,7 +24,7 @@ import zoo
 from budgets.hf.geometry import Geometry
 from budgets.hf.probe import ProbeProgress, probe_hf_model
 from budgets.probe.blocks import MATFREE_FROM
-from budgets.rank.eigen import eigensolver_text
+from budgets.rank.eigen import eigensolver_text, measuring
 
 from .model_dir import (
     adapter_dir,
@@ -145,13 +145,15 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     first = bos_of(tokenizer) if bos and tokenizer is not None else None
     batch = probe_batch(ids, seq_len, probe_size, str(text), first)  # [B, T]
     where = next(model.parameters()).device
-    with quiet(import_transformers()):  # kernel fallbacks, dynamic-attention warnings
+    # on busy cores torch's own OpenMP team collapses as LAPACK's did: one thread there
+    with quiet(import_transformers()), measuring(where) as threads:
         probe, loss = probe_hf_model(model, batch.to(where), eps, with_spectra,
                                      layers=layers, matfree_from=matfree_from, k_max=k_max,
                                      progress=progress)
     source = {"hf": str(model_dir), "model_type": g.model_type, "text": str(text),
               "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
               "probe_size": probe_size, "seq_len": seq_len, "device": str(where),
+              **({"threads": threads} if where.type == "cpu" else {}),
               "eigensolver": eigensolver_text(where), "dtype": dtype,
               "n_layers": g.n_layers, "bos": bos_text(tokenizer, bos),
               **({"layers": measured_layers(probe)} if layers else {}),

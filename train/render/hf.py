@@ -129,12 +129,15 @@ def render_hf_table(report: dict) -> RenderableType:
 
 
 def machine_line(report: dict) -> str:
-    """'device cpu, dtype float32; eigensolver 2 workers x 1 thread (...)', or '' for a
-    report that does not say (the eigensolver: budgets/rank/eigen.py's choice)."""
+    """'device cpu, dtype float32, torch on 2 threads; eigensolver 2 workers x 1 thread
+    (...)', or '' for a report that does not say (the threads and the eigensolver:
+    budgets/rank/eigen.py's choices)."""
     src = report.get("source", {})
     if "device" not in src or "dtype" not in src:
         return ""
+    threads = src.get("threads")
     return (f"device {src['device']}, dtype {src['dtype']}"
+            + (f", torch on {threads} thread{'s' * (threads != 1)}" if threads else "")
             + (f"; eigensolver {src['eigensolver']}" if "eigensolver" in src else ""))
 
 

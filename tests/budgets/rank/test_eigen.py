@@ -293,3 +293,25 @@ def test_fewer_matrices_than_workers_take_two_passes_with_the_same_values(monkey
     with forced_workers(2):
         centered_pair(causal_softmax(1, 2, eigen.SPREAD_FROM + 8))  # as many as workers
     assert calls == [spectra._pair_here]
+
+
+@pytest.mark.parametrize("workers, want", [(2, 2), (1, 1)], ids=["cores-free", "cores-busy"])
+def test_a_measurement_takes_all_cores_only_where_the_probe_found_them_free(
+        monkeypatch, workers, want):
+    """torch's own team collapses on busy cores as LAPACK's did: where the probe kept one
+    eigensolver worker, the whole measurement runs on one thread."""
+    monkeypatch.setattr(eigen, "cores", lambda: 2)
+    monkeypatch.setattr(eigen, "eig_plan", lambda: EigPlan(workers, 2, 1.0, 0.9))
+    assert eigen.measuring_threads("cpu") == want
+    before = torch.get_num_threads()
+    with eigen.measuring("cpu") as n:
+        assert n == want and torch.get_num_threads() == want
+    assert torch.get_num_threads() == before
+
+
+def test_a_measurement_on_one_core_or_a_gpu_starts_no_probe(monkeypatch):
+    monkeypatch.setattr(eigen, "eig_plan", lambda: pytest.fail("the probe ran"))
+    monkeypatch.setattr(eigen, "cores", lambda: 1)
+    assert eigen.measuring_threads("cpu") == 1
+    monkeypatch.setattr(eigen, "cores", lambda: 8)
+    assert eigen.measuring_threads("cuda") == 8

@@ -395,8 +395,9 @@ def test_hf_markdown_shows_the_probe_and_head_classes_never_training_columns(rep
     table = text_of(render_hf_table(hf), width=160)
     assert "2.457" in table and "book.txt" in table
     # the machine, in the terminal's details as in the Markdown: how the spectra ran
-    hf["source"]["eigensolver"] = "2 workers x 1 thread (timed: 1 worker 0.044 s)"
-    line = "device cpu, dtype float32; eigensolver 2 workers x 1 thread (timed: 1 worker 0.044 s)"
+    hf["source"].update(eigensolver="2 workers x 1 thread (timed: 1 worker 0.044 s)", threads=1)
+    line = ("device cpu, dtype float32, torch on 1 thread; eigensolver 2 workers x 1 thread "
+            "(timed: 1 worker 0.044 s)")
     assert line in text_of(render_hf_table(hf), width=160)
     assert f"- {line}" in hf_markdown(hf)
 
