@@ -120,6 +120,8 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console,
     console.print(describe(spec, params)
                   + (f", resuming from {last_ckpt} (step {start})" if ckpt_path else ""))
     trainer = None
+    if resume:
+        after_event_files(vdir)
     try:
         trainer = make_trainer(spec.exp, spec.name, exp_dir, probe_batch, console,
                                batches=train_loader.batch_sampler,
@@ -152,6 +154,19 @@ def after(start: int, ckpt_path: str | None) -> int:
     before the checkpoint of step k is written, so a resume from that checkpoint keeps
     step k and redoes k + 1 on; without a checkpoint it starts over, from step 0."""
     return start + 1 if ckpt_path else 0
+
+
+def after_event_files(vdir: Path) -> None:
+    """Wait (a second at most) until this second is past the newest TensorBoard event
+    file's in vdir. TensorBoard reads a run's files in name order, and the name starts
+    with the writer's second, then host and pid: a resume that starts within the second of
+    the killed run's writer could sort first (by pid), and its points would show before
+    the ones they follow."""
+    stamps = [int(part) for f in vdir.glob("events.out.tfevents.*")
+              if (part := f.name.split(".")[3]).isdigit()]
+    wait = max(stamps, default=0) + 1 - time.time()
+    if wait > 0:
+        time.sleep(wait)
 
 
 def mark_finished(vdir: Path, step: int) -> None:

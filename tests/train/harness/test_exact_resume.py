@@ -197,3 +197,23 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_report_resumes_to_it(
     assert (vdir / "ranks.jsonl").read_text() == (reference / "ranks.jsonl").read_text()
     assert report(vdir) == report(reference)
     assert not (copy / "draws.jsonl").exists()  # not a step trained again
+
+
+def test_a_resume_writes_its_events_in_a_later_second_than_the_run_before(tmp_path):
+    """TensorBoard reads a run's event files in name order (the writer's second, then host
+    and pid): a resume within the killed writer's second waits for the next one, so that
+    its file sorts after (a resume 2 s after its run's start sorted first once, by pid)."""
+    import time
+
+    from train.harness.fit import after_event_files
+
+    now = int(time.time())
+    (tmp_path / f"events.out.tfevents.{now}.host.example.99999.0").touch()
+    start = time.perf_counter()
+    after_event_files(tmp_path)
+    assert int(time.time()) > now and time.perf_counter() - start < 1.1
+    (tmp_path / f"events.out.tfevents.{now - 60}.host.1.0").touch()
+    start = time.perf_counter()
+    after_event_files(tmp_path)  # every file of an earlier second: no wait
+    after_event_files(tmp_path / "new")  # no directory yet: no wait
+    assert time.perf_counter() - start < 0.05
