@@ -6,6 +6,7 @@ LAPACK call on one thread, by the faster of torch's LAPACK and numpy's.
                            # fn may call solve(G), the chosen eigensolver in its own thread
     plan = eig_plan()      # EigPlan(workers, cores, one_s, spread_s, solver, ...), timed once
     with one_thread(): ...
+    with measuring(device) as n: ...   # a whole measurement: all cores, or one on busy ones
 
 Why workers, not LAPACK's OpenMP team. The tridiagonalization behind eigvalsh synchronizes
 its team O(n) times, and on a loaded machine each synchronization waits for a time slice:
@@ -25,13 +26,14 @@ Two LAPACKs. torch's wheels carry MKL, numpy's carry OpenBLAS; for an eigvalsh o
 (512 x 512: 0.0085 s vs 0.0115 s), and on an Intel CPU the order may well turn. numpy's
 LAPACK is a candidate only where its BLAS can be held to one thread (threadpoolctl finds it:
 OpenBLAS, MKL or BLIS), so that no worker starts a team of its own; it is held there for
-the whole of every spread() call, not longer.
+the whole of a spread() call of matrices from SOLVER_FROM up, not longer, and solve()
+outside such a call takes torch's.
 
 Both choices are made as Muon chooses its Newton-Schulz dtype (train/harness/muon.py): a
-short timed probe, once per process. The solver first, on one worker: numpy's only where
-it takes under SOLVER_MAX_SHARE of torch's time. Then the workers, with that solver: all
-cores only where they take under SPREAD_MAX_SHARE of one worker's time. Both margins keep
-load noise from flipping a choice from one process to the next. The two LAPACKs round
+short timed probe, once per process. The workers first, on torch's LAPACK: all cores only
+where they take under SPREAD_MAX_SHARE of one worker's time. Then the solver, on those
+workers: numpy's only where it takes under SOLVER_MAX_SHARE of torch's time. Both margins
+keep load noise from flipping a choice from one process to the next. The two LAPACKs round
 differently (eigenvalues ~1e-15 * lambda_1 apart), far below every figure's tolerance
 (docs/METRICS.md, "How the spectra are computed").
 """
@@ -140,19 +142,16 @@ def forced_workers(n: int):
 
 # ---------------------------------------------------------------- the two LAPACKs
 
-def _torch_eigvalsh(G: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.eigvalsh(G)
-
-
 def _numpy_eigvalsh(G: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.linalg.eigvalsh(G.numpy()))  # the same lower triangle
 
 
 SOLVERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "torch": _torch_eigvalsh, "numpy": _numpy_eigvalsh}
+    "torch": torch.linalg.eigvalsh, "numpy": _numpy_eigvalsh}
 
-# numpy's BLAS as its build names it -> threadpoolctl's name for the library it controls
-_CONTROLLED = {"openblas": "openblas", "mkl": "mkl", "blis": "blis"}
+# the BLAS libraries threadpoolctl controls, as it names them (numpy's build names them
+# within its own: 'scipy-openblas')
+_CONTROLLED = ("openblas", "mkl", "blis")
 
 
 def numpy_blas() -> str | None:
@@ -162,7 +161,7 @@ def numpy_blas() -> str | None:
         name = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"].lower()
     except Exception:  # an older numpy, or a build that does not say
         return None
-    return next((v for k, v in _CONTROLLED.items() if k in name), None)
+    return next((kind for kind in _CONTROLLED if kind in name), None)
 
 
 @functools.cache

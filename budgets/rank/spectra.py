@@ -21,8 +21,10 @@ CPU a batch is spread over worker threads, each LAPACK call on one thread (eigen
 two OpenMP teams on the same cores, which made a probe 100x slower (183 s instead of ~2 s).
 
 A matrix and its centered form share one Gram product: the centered Gram is the raw one
-projected (C G C, C = I - 1 1^T / m), in fp64 from the fp32 data; and both go to the
-eigensolver as one batch.
+projected (C G C, C = I - 1 1^T / m), in fp64 from the fp32 data. Each worker forms its own
+matrices' fp64 copies and Gram products (a causal matrix's by halves, _lower_gram) and
+decomposes them; with fewer matrices than workers the products go first and the raw and
+centered eigenproblems after, as tasks of their own.
 """
 
 from __future__ import annotations
