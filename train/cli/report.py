@@ -37,7 +37,9 @@ def add_parser(sub) -> None:
     add_hf_model(r)
     r.add_argument("--model", metavar="PKG.MODULE:FACTORY",
                    help="instead of RUN_DIR: a model of your own, built by calling FACTORY "
-                        "and read through its F.scaled_dot_product_attention calls")
+                        "and read through its F.scaled_dot_product_attention calls; the "
+                        "module is found under the current directory first, as python -m "
+                        "finds it, then on the installed path")
     r.add_argument("--checkpoint", metavar="FILE",
                    help="with --model: its state dict (torch.save; nanoGPT's ckpt.pt works)")
     r.add_argument("--tokenizer", metavar="SPEC",

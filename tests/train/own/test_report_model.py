@@ -4,11 +4,13 @@ here as a user would, its checkpoint saved as nanoGPT saves one, reported like -
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 
 from train.cli import main
+from train.own.load import own_tokens
 
 MODULE = '''
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -40,6 +42,9 @@ class GPT(nn.Module):
 
 def small():
     return GPT()
+
+def wide():  # a vocabulary a trained BPE fits in
+    return GPT(V=512)
 '''
 
 
@@ -120,3 +125,67 @@ def test_the_example_s_model_is_reported(own, capsys):
     names = [ly["name"] for ly in report["variants"][0]["layers"]]
     assert names == [f"h.{i}.attn" for i in range(4)]
     assert "unread_calls" not in report and "unmeasured_mixers" not in report
+
+
+# ---------------------------------------------------------------- tokenizers
+
+@pytest.fixture
+def tokenizers(own, monkeypatch):
+    """A BPE of 300 tokens trained on the text, saved as a tokenizer.json and in a model
+    directory: each spec data.tokenizer takes, as a user would have it on disk."""
+    from train.data.tokenizer import trained_bpe
+
+    monkeypatch.setenv("RANKZOO_CACHE", str(own / "cache"))
+    trained = trained_bpe(300, (own / "text.txt").read_text())
+    (own / "tokenizer.json").write_bytes(trained.read_bytes())
+    (own / "model_dir").mkdir()
+    (own / "model_dir" / "tokenizer.json").write_bytes(trained.read_bytes())
+    import own_gpt
+
+    torch.save({"model": own_gpt.wide().state_dict()}, own / "wide.pt")
+    return own
+
+
+@pytest.mark.parametrize("spec", ["bpe:300", "tokenizer.json", "model_dir"],
+                         ids=["bpe", "tokenizer-json", "model-dir"])
+def test_every_tokenizer_spec_gives_the_ids_the_tokenizer_gives(tokenizers, spec, capsys):
+    from train.data.tokenizer import encode_text, load_tokenizer
+
+    name = spec if spec.startswith("bpe:") else str(tokenizers / spec)
+    args = ["report", "--model", "own_gpt:wide", "--text", str(tokenizers / "text.txt"),
+            "--tokenizer", name, "--checkpoint", str(tokenizers / "wide.pt"),
+            "--seq-len", "32", "--probe-size", "2", "--format", "json"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["source"]["tokens"] == name and "raw bytes" not in err
+    # the probe reads the tokenizer's ids, not bytes: its loss is the model's on them
+    text = (tokenizers / "text.txt").read_text()
+    ids = encode_text(load_tokenizer(name, lambda: text), text, progress=False)
+    assert len(ids) < len(text.encode())  # merges: fewer tokens than bytes
+    got = own_tokens(text.encode(), name, 512, "text", [])
+    assert got.tolist() == ids.tolist()
+    # a BPE trained here is not the one a checkpoint trained on: the report says so
+    assert ("--tokenizer bpe:300 trains a BPE on this text" in err) == spec.startswith("bpe:")
+
+
+def test_a_tokenizer_wider_than_the_model_is_one_line(tokenizers, capsys):
+    assert main(_report(tokenizers, "--tokenizer", str(tokenizers / "tokenizer.json"))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "its 300 tokens do not fit the model's vocab of 128" in err
+
+
+def test_a_module_under_the_current_directory_is_found(tmp_path, monkeypatch, capsys):
+    """As `python -m` finds it: the console script's sys.path has no current directory."""
+    pkg = tmp_path / "mine"
+    pkg.mkdir()
+    (pkg / "gpt.py").write_text(MODULE)
+    (tmp_path / "t.txt").write_text("some text " * 40)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    before = list(sys.path)
+    assert main(["report", "--model", "mine.gpt:small", "--text", "t.txt", "--seq-len", "16",
+                 "--probe-size", "1", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["variants"][0]["layers"]
+    assert sys.path == before  # the path is as it was
