@@ -23,6 +23,7 @@ from rich.console import Console
 
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
+from ..harness.stop import Terminated  # light: signals only
 from . import blocks, claims, compress, pick, report, tokenize, train
 from .common import BAD_INPUT, console
 
@@ -86,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rankzoo: interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:  # SIGTERM or SIGHUP, taken as ^C is (train/harness/stop.py)
+        print(f"rankzoo: terminated ({e})", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from ..config import load_experiment
 from ..experiment.plan import plan_document
 from ..experiment.sweep import summarize
 from ..harness.devices import check_experiment
+from ..harness.stop import stopping_on_signals
 from ..render.plan import plan_table
 from ..rundir.layout import CHECKPOINT_FILE
 from .common import add_details, add_format, console, positive_int, print_document
@@ -72,9 +73,12 @@ def cmd_train(args, out: Console) -> int:
     from ..harness.module import NonFiniteLoss
 
     try:
-        report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
-                                  resume=args.resume, console=console(stderr=True),
-                                  jobs=args.jobs)
+        # SIGTERM and SIGHUP stop the runs as ^C does: each records itself interrupted,
+        # workers included, and the command exits 128 + the signal (train/harness/stop.py)
+        with stopping_on_signals():
+            report = train_experiment(exp, runs_dir=args.runs_dir, overwrite=args.overwrite,
+                                      resume=args.resume, console=console(stderr=True),
+                                      jobs=args.jobs)
     except NonFiniteLoss as e:  # a diverged run is not a crash: say which, keep what is saved
         print(f"rankzoo: error: {e}", file=sys.stderr)
         return 1

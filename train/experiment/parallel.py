@@ -17,13 +17,23 @@ Workers are spawned, never forked: a fork of a process whose torch already start
 threads can hang in them. They print to stderr, never to a terminal (no live progress
 bar: one line per validation, naming the run). Distributed runs and accelerators train in
 turn (one process drives the devices).
+
+Stopping: ^C reaches every worker from the terminal (one process group). SIGTERM and
+SIGHUP reach the parent alone when a scheduler or `kill` sends them: the parent's
+Terminated (train/harness/stop.py) sets an event each worker watches, and the worker stops
+its run as ^C would (the run records itself as interrupted); sent to a worker directly,
+they stop its run the same way. A worker whose parent is gone (killed with SIGKILL, which
+nothing can catch) sees it within WATCH_SECONDS, stops its run and exits: none trains on
+as an orphan.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -36,6 +46,7 @@ from rich.console import Console
 from ..config import Experiment
 from ..harness.devices import accelerator_kind
 from ..harness.fit import is_global_zero, quiet_lightning
+from ..harness.stop import STOP_SIGNALS, Terminated
 from .preflight import available_memory, memory_estimates, processes
 
 __all__ = ["Jobs", "auto_jobs", "check_jobs", "choose_jobs", "train_parallel"]
@@ -47,6 +58,10 @@ MIN_STEPS = 200
 # A worker's own memory beside its run's estimate: the interpreter, torch and Lightning,
 # 456-474 MB of resident memory measured after a run of configs/quick.yaml (torch 2.13 CPU).
 WORKER_BYTES = 500 * 2**20
+# How often a worker looks at its parent and at the stop event: an orphan stops its run
+# within this, a few seconds at most with the run's own unwinding (a checkpoint being
+# written finishes first).
+WATCH_SECONDS = 0.5
 
 # A run's task in a worker: (experiment, run name, run directory's parent, resume, console,
 # labelled) -> its report entry, None for a sweep's diverged grid point.
@@ -143,17 +158,23 @@ def train_parallel(exp: Experiment, exp_dir: Path, resume: bool, console: Consol
     The first run that fails stops the start of the rest; the runs under way finish (their
     directories stay valid for --resume) and then its error is raised here. ^C reaches
     the workers too (one process group): each run records itself as interrupted, and the
-    KeyboardInterrupt is raised here once every worker has exited."""
+    KeyboardInterrupt is raised here once every worker has exited. SIGTERM and SIGHUP
+    (Terminated) stop the workers' runs in the same way, through the stop event."""
     console.print(jobs.header(exp))
-    pool = ProcessPoolExecutor(max_workers=jobs.processes,
-                               mp_context=multiprocessing.get_context("spawn"),
-                               initializer=start_worker, initargs=(jobs.threads,))
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()  # set: every worker stops its run as ^C would
+    pool = ProcessPoolExecutor(max_workers=jobs.processes, mp_context=context,
+                               initializer=start_worker,
+                               initargs=(jobs.threads, os.getpid(), stop))
     try:
         results = run_all(
             lambda run: pool.submit(work, train_one, exp, run, exp_dir, resume),
             jobs.processes, list(exp.variants), console)
+    except BaseException:  # SIGTERM or SIGHUP here (or ^C sent to this process alone)
+        stop.set()
+        raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)  # the runs under way record and end
     return {run: results[run] for run in exp.variants if results.get(run) is not None}
 
 
@@ -198,23 +219,87 @@ def failure_line(run: str, error: Exception, left: int, running: int) -> str:
 
 # ---------------------------------------------------------------- in a worker
 
-def start_worker(threads: int) -> None:
+class Worker:
+    """A worker process's own state: its parent, the run under way (None while idle), and
+    whether a stop was taken (one per run: a second signal must not cut its status write
+    short)."""
+
+    parent: int = 0
+    run: str | None = None
+    stopping: bool = False
+    why: str | None = None  # set before the worker signals itself: what asked it to stop
+
+    @classmethod
+    def orphaned(cls) -> bool:
+        """Reparented: the parent is gone (never in a process start_worker did not set up,
+        where work() runs in the caller's own process)."""
+        return cls.parent != 0 and os.getppid() != cls.parent
+
+
+def start_worker(threads: int, parent: int, stop) -> None:
     """A worker's setup: its share of the cores, Lightning quiet, ^C ignored while idle
-    (one arriving between runs would kill it, and the pool with the others)."""
+    (one arriving between runs would kill it, and the pool with the others), SIGTERM and
+    SIGHUP taken as stops (on_stop_signal), and a thread watching the parent and the
+    stop event."""
     torch.set_num_threads(threads)
     quiet_lightning()
+    Worker.parent = parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_stop_signal)
+    threading.Thread(target=watch, args=(stop,), name="rankzoo-watch", daemon=True).start()
+
+
+def on_stop_signal(signum: int, frame) -> None:
+    """SIGTERM or SIGHUP in a worker: the run under way stops as ^C stops it (Terminated,
+    raised once); idle, an orphan exits, and a worker whose parent lives waits for the
+    pool to end it (exiting now would break the pool, which then kills the other workers
+    wherever their runs are)."""
+    if Worker.run is None:
+        if Worker.orphaned():
+            os._exit(128 + signum)
+        return
+    if Worker.stopping:
+        return
+    Worker.stopping = True
+    raise Terminated(signum, Worker.why)
+
+
+def watch(stop) -> None:
+    """A worker's watch, every WATCH_SECONDS: when the parent asks (the stop event) or is
+    gone, the worker signals itself, once, so its main thread stops the run where it is
+    (a thread cannot raise in another; a signal handler runs in the main thread)."""
+    signalled = False
+    while True:
+        asked = stop.wait(WATCH_SECONDS)
+        orphan = Worker.orphaned()
+        if orphan and Worker.run is None:
+            os._exit(128 + signal.SIGTERM)
+        if (asked or orphan) and not signalled and Worker.run is not None:
+            Worker.why = (f"its parent process {Worker.parent} is gone" if orphan
+                          else "the parent process was stopped")
+            signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def on_interrupt(signum: int, frame) -> None:
+    """^C in a worker's run: KeyboardInterrupt, once (a stop signal after it is ignored)."""
+    if not Worker.stopping:
+        Worker.stopping = True
+        raise KeyboardInterrupt
 
 
 def work(train_one: TrainOne, exp: Experiment, run: str, exp_dir: Path,
          resume: bool) -> dict | None:
-    """One run in a worker: its report entry. ^C interrupts it as it would in turn (the
-    fit records the run as interrupted); an error that would not pickle back to the
-    parent goes as a RuntimeError naming it."""
+    """One run in a worker: its report entry. ^C, SIGTERM and SIGHUP interrupt it as ^C
+    would in turn (the fit records the run as interrupted); an error that would not
+    pickle back to the parent goes as a RuntimeError naming it. An orphan exits once its
+    run has recorded how it ended: there is no one to answer."""
     # never a terminal: no live bar, one line per validation; lines unwrapped, since
     # the run's name makes them longer and a wrapped tail would land among other runs'
     console = Console(stderr=True, force_terminal=False, soft_wrap=True)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    Worker.run, Worker.stopping, Worker.why = run, False, None
+    signal.signal(signal.SIGINT, on_interrupt)
     try:
         return train_one(exp, run, exp_dir, resume, console, labelled=True)
     except BaseException as e:
@@ -223,6 +308,9 @@ def work(train_one: TrainOne, exp: Experiment, run: str, exp_dir: Path,
         raise
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        Worker.run = None
+        if Worker.orphaned():
+            os._exit(128 + signal.SIGTERM)
 
 
 def picklable(e: BaseException) -> bool:

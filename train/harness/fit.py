@@ -54,6 +54,7 @@ from .checkpoint import (
     resume_checkpoint,
 )
 from .module import LMModule, NonFiniteLoss
+from .stop import Terminated
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,9 @@ def record_end(vdir: Path, error: BaseException, step: int) -> None:
     if not is_global_zero() or not vdir.is_dir():
         return
     state = "diverged" if isinstance(error, NonFiniteLoss) else "stopped"
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):  # ^C, or an exit from inside
+    if isinstance(error, Terminated):  # SIGTERM or SIGHUP (train/harness/stop.py)
+        reason = f"interrupted ({error})"
+    elif isinstance(error, (KeyboardInterrupt, SystemExit)):  # ^C, or an exit from inside
         reason = f"interrupted ({type(error).__name__})"
     else:
         message = str(error).splitlines()[0][:300] if str(error) else ""
