@@ -5,7 +5,11 @@ monitor, on the text of configs/text.yaml (Python standard library sources throu
     python -m examples.nanogpt.train --out runs/nanogpt          # ~300 steps
     rankzoo report runs/nanogpt                                  # the monitor's run
     rankzoo report --model examples.nanogpt.model:small --checkpoint runs/nanogpt/ckpt.pt \
-        --text FILE --tokenizer bpe:2048                         # the model itself
+        --text FILE --tokenizer runs/nanogpt/tokenizer.json      # the model itself
+
+It writes the checkpoint (ckpt.pt) and the tokenizer its text was read through
+(tokenizer.json) beside the monitor's files, so that the report reads any text as the
+model read its own.
 
 The loop is the user's; rankzoo adds two lines (the Monitor and `monitor.step`). At the
 end it prints how much of the loop's time the monitor took.
@@ -14,13 +18,14 @@ end it prints how much of the loop's time the monitor took.
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from train.config import load_experiment
-from train.data.text import TextSpec, text_splits
+from train.data.text import TextSpec, text_splits, tokenizer_json
 from train.monitor import Monitor
 
 from .model import small
@@ -28,13 +33,17 @@ from .model import small
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "text.yaml"
 
 
+def text_spec(seq_len: int) -> TextSpec:
+    """text.yaml's corpus and tokenizer, in windows of seq_len tokens."""
+    d = load_experiment(CONFIG).data
+    return TextSpec(paths=d.paths, seq_len=seq_len, max_bytes=d.max_bytes,
+                    val_fraction=d.val_fraction, tokenizer=d.tokenizer)
+
+
 def data(train_size: int, seq_len: int):
     """((inputs, targets) [N, T] each) of the training and of the validation split of
     text.yaml's corpus."""
-    d = load_experiment(CONFIG).data
-    spec = TextSpec(paths=d.paths, seq_len=seq_len, max_bytes=d.max_bytes,
-                    val_fraction=d.val_fraction, tokenizer=d.tokenizer)
-    return text_splits(spec, train_size, 64, seed=0)
+    return text_splits(text_spec(seq_len), train_size, 64, seed=0)
 
 
 def main(argv=None) -> None:
@@ -62,9 +71,14 @@ def main(argv=None) -> None:
     monitor.finish(model, args.steps)
     total = time.perf_counter() - began
     torch.save({"model": model.state_dict()}, Path(args.out) / "ckpt.pt")
+    shutil.copyfile(tokenizer_json(text_spec(model.config.block_size)),
+                    Path(args.out) / "tokenizer.json")
     print(f"{args.steps} steps in {total:.1f} s; the monitor took {monitor.seconds:.1f} s "
           f"({100 * monitor.seconds / total:.1f}% of the loop)")
-    print(f"next: rankzoo report {args.out}")
+    print(f"next: rankzoo report {args.out}\n"
+          f"      rankzoo report --model examples.nanogpt.model:small --checkpoint "
+          f"{Path(args.out) / 'ckpt.pt'} --text FILE --tokenizer "
+          f"{Path(args.out) / 'tokenizer.json'}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from zoo.config import StrictConfig, positive_int, require
 
 from .conventions import VAL_SEED_OFFSET
 from .token_cache import tokenized_parts
-from .tokenizer import tokenizer_kind
+from .tokenizer import TOKENIZER_FILE, bpe_size, tokenizer_kind, trained_bpe
 from .windows import Segment, draw_windows
 
 BYTE_VOCAB = 256
@@ -149,3 +149,21 @@ def token_splits(spec: TextSpec, raw: bytes, train_size: int, val_size: int, see
         g = torch.Generator().manual_seed(seed + offset)
         splits.append(draw_windows([segment], size, spec.seq_len, g)[0])
     return tuple(splits)
+
+
+def tokenizer_json(spec: TextSpec) -> Path | None:
+    """The tokenizer.json the splits of `spec` are the ids of, to keep beside a model
+    trained on them (so `rankzoo report --model --tokenizer` reads its text as the model
+    read its own): a bpe:N's trained on the train part, as token_splits trains it; a
+    named file; a model directory's own. None for bytes, or a directory whose tokenizer
+    only transformers loads."""
+    if spec.tokenizer is None:
+        return None
+    kind = tokenizer_kind(spec.tokenizer)
+    if kind == "bpe":
+        raw = read_text_bytes(spec)
+        train = raw[:int(len(raw) * (1 - spec.val_fraction))].decode("utf-8", errors="replace")
+        return trained_bpe(bpe_size(spec.tokenizer), train)  # cached: not trained again
+    path = Path(spec.tokenizer)
+    path = path / TOKENIZER_FILE if kind == "dir" else path
+    return path if path.is_file() else None
