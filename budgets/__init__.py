@@ -10,7 +10,7 @@ budgets measures and returns data; loading files and rendering tables are the CL
 
 from .advice.annotate import annotate
 from .advice.verdicts import VERDICTS, VerdictThresholds
-from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget
+from .budget import AXES, AXIS_OF_QUANTITY, RankBudget, attention_budget, past_future_cap
 from .capture.sdpa import capture_sdpa
 from .probe.blocks import MATFREE_FROM, ProbeProgress, is_probeable, probe_model, probeable_blocks
 from .probe.heads import head_stats
@@ -37,6 +37,7 @@ __all__ = [
     "VerdictThresholds",
     "annotate",
     "attention_budget",
+    "past_future_cap",
     "adapter_ranks",
     "build_report",
     "capture_sdpa",

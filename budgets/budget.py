@@ -81,25 +81,61 @@ class RankBudget:
         return cls(**data)
 
 
+def past_future_cap(seq_len: int, window: int | None = None, chunk: int | None = None) -> int:
+    """The rank cap of the past->future block M[h:, :h], h = T // 2, of causal softmax
+    mixing whose query at t sees keys s <= t, s > t - W (a window) and s in t's own chunk
+    (chunks of C tokens from position 0: a chunk boundary carries nothing across it).
+
+    Only the chunk holding both h - 1 and h crosses the split: keys lo .. h - 1 of it
+    reach queries h .. hi - 1, so the block is nonzero in an (hi - h) x (h - lo) corner
+    at most; a band of W keys cuts that corner to (W - 1) x (W - 1). With h a multiple of
+    C no chunk crosses and the cap is 0; without chunks lo = 0, hi = T and it is h."""
+    T, h = seq_len, seq_len // 2
+    lo = 0 if chunk is None else h // chunk * chunk  # the first key of h's chunk
+    hi = T if chunk is None else min(lo + chunk, T)  # past the last query of that chunk
+    cap = min(h - lo, hi - h)  # h - lo = h % C with chunks: at most min(h % C, C - h % C)
+    return cap if window is None else min(window - 1, cap)
+
+
+def keys_seen(seq_len: int, window: int | None = None, chunk: int | None = None) -> int:
+    """Keys seen per query, summed over the sequence: t + 1 for the query at t, at most W
+    (a window), counted from its chunk's start (chunks of C)."""
+    def run(n: int) -> int:  # queries 0 .. n - 1 of one stretch: min(t + 1, W) each
+        span = n if window is None else min(window, n)
+        return span * (span + 1) // 2 + (n - span) * span
+    if chunk is None:
+        return run(seq_len)
+    return seq_len // chunk * run(chunk) + run(seq_len % chunk)
+
+
 def attention_budget(block: str, seq_len: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                     d_model: int, window: int | None = None, params: int = 0) -> RankBudget:
-    """The caps of one softmax-attention layer (MHA, GQA, MQA; full or sliding window W,
-    keys including the query), from its shape alone: zoo's softmax and sliding_window
-    blocks and the Hugging Face probe all declare through this one formula."""
+                     d_model: int, window: int | None = None, params: int = 0,
+                     chunk: int | None = None, gate: int = 0) -> RankBudget:
+    """The caps of one softmax-attention layer (MHA, GQA, MQA; full, sliding window W
+    (keys including the query) or chunked (C tokens a chunk); with or without RoPE, sink
+    logits and an output gate), from its shape alone: zoo's softmax and sliding_window
+    blocks and the Hugging Face probe all declare through this one formula.
+
+    Sinks and a sigmoid output gate scale each row of M by a positive factor (1 - the
+    sink's mass; the gate of that token and head): no cap moves. `gate` is the gate
+    projection's width (H headwise, H*V elementwise, 0 none): its FLOPs only."""
     H, G, K, D, T = n_heads, n_kv_heads, head_dim, d_model, seq_len
     span = T if window is None else min(window, T)  # keys a query can see, at most
-    # keys seen per query, summed over the sequence: t + 1 up to the span, then the span
-    keys_seen = span * (span + 1) // 2 + (T - span) * span
+    if chunk is not None:
+        span = min(span, chunk)  # the ring a chunked layer keeps
+    # the keys the last query saw: the live state (a chunk's own keys, at most C)
+    live = span if chunk is None else min(span, (T - 1) % chunk + 1)
     return RankBudget(
         block=block, seq_len=T, n_heads=H,
         # exp(QK^T) has an unbounded kernel: only the block size caps it; a band of W keys
-        # leaves a (W-1) x (W-1) corner in M[t:, :t]
-        mixing=T // 2 if window is None else min(window - 1, T // 2),
+        # leaves a (W-1) x (W-1) corner in M[t:, :t], a chunk what of it crosses t
+        mixing=past_future_cap(T, window, chunk),
         logits=K,
         value_path=min(D, G * K),
-        inference=min(span, G * K),  # the live keys: all of them, or the window's W
+        inference=min(live, G * K),  # the live keys: all of them, the window's W, the chunk's
         params=params,
         cache_elements=2 * span * G * K,
-        # projections, plus QK^T and PV over the keys each query sees
-        flops_per_token=2 * D * (2 * H * K + 2 * G * K) + 2 * H * 2 * K * keys_seen // T,
+        # projections (and the gate's), plus QK^T and PV over the keys each query sees
+        flops_per_token=(2 * D * (2 * H * K + 2 * G * K + gate)
+                         + 2 * H * 2 * K * keys_seen(T, window, chunk) // T),
     )
