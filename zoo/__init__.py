@@ -24,6 +24,11 @@ from .ops.linear_attn import LINEAR_ATTN
 from .ops.ssd import SSD
 from .facts import Facts
 from .registry import block_class, build, families, facts_of, names, register
+from . import hf
+
+# transformers' AutoConfig and AutoModelForCausalLM know model_type "rankzoo" once they load
+# (zoo/hf/__init__.py); transformers itself is not imported here
+hf.install()
 
 OPS = {"attention": ATTENTION, "linear_attn": LINEAR_ATTN, "ssd": SSD, "delta": DELTA,
        "causal_conv": CONV}
