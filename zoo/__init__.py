@@ -16,11 +16,13 @@ from . import moe  # noqa: F401
 from . import linear  # noqa: F401
 from . import ssm  # noqa: F401
 from . import delta  # noqa: F401
+from . import sparse  # noqa: F401
 from .block import Block
 from .ops.attention import ATTENTION
 from .ops.conv import CONV
 from .ops.delta import DELTA
 from .ops.linear_attn import LINEAR_ATTN
+from .ops.sparse import SPARSE
 from .ops.ssd import SSD
 from .facts import Facts
 from .registry import block_class, build, families, facts_of, names, register
@@ -31,7 +33,7 @@ from . import hf
 hf.install()
 
 OPS = {"attention": ATTENTION, "linear_attn": LINEAR_ATTN, "ssd": SSD, "delta": DELTA,
-       "causal_conv": CONV}
+       "causal_conv": CONV, "sparse": SPARSE}
 
 
 def backends_available() -> dict[str, dict[str, str | None]]:

@@ -30,11 +30,13 @@ SMALL_CAPS = {
     "linear": {"feature_dim": 4},  # mixing: F = 4
     "ssm": {"d_state": 4},  # mixing: N = 4
     "mla": {"kv_lora_rank": 4},
+    "sparse": {"top_k": 4},  # the indexer's top 4 of up to 24 keys
 }
 # A full softmax over the past has an unbounded kernel: its mixing cap is T/2, a side of
 # the past->future block itself, so no length makes it bind; for these the probe test
-# asks instead that a random block realizes more than rank one there.
-UNBOUNDED_MIXING = {"softmax", "mla", "moe"}
+# asks instead that a random block realizes more than rank one there. So has a top-k
+# selection: each query picks its own keys (budgets/mixing/sparse.py).
+UNBOUNDED_MIXING = {"softmax", "mla", "moe", "sparse"}
 T_PROBE = 24  # the past->future block M[12:, :12] is 12 x 12
 
 # The config each family's cases start from, and the length of their inputs.

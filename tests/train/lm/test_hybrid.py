@@ -21,6 +21,7 @@ KNOBS = {
     "mla": {"n_heads": 4, "kv_lora_rank": 6},
     "moe": {"n_heads": 4, "top_k": 2},
     "delta": {"n_heads": 4, "key_dim": 6, "chunk_size": 8},
+    "sparse": {"n_heads": 4, "top_k": 5},
 }
 PAIRS = list(itertools.combinations(zoo.families(), 2))
 

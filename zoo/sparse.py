@@ -1,0 +1,439 @@
+"""Sparse attention: DeepSeek-V3.2's DSA (a lightning indexer's top-k keys), NSA (selected
+blocks, compressed slots and a window under sigmoid gates) and MoBA (top-k blocks by their
+mean keys), one family told apart by its knobs:
+
+    selection: token    score(t, s) = sum_i w_i(t) relu(q_i(t) . k(s))   I heads of width d_I,
+                        top_k keys per query among the causal ones (DSA's indexer)
+               block    top_k blocks of block_size tokens by q . mean(k_block), the query's
+                        own block always included (NSA's selected branch, MoBA)
+    compress: none | mean | gated   slots of `rate` tokens, keys and values pooled by their
+                        mean or by a softmax of learned per-token logits within the slot;
+                        a slot is seen once complete
+    local_window: W     the last W keys, the query included
+    gate: sigmoid       y = o_proj(sum_b sigmoid(W_g x)_{h,b} o_b) per head (NSA); none: the
+                        selection alone (DSA, MoBA)
+
+Queries, keys and values are softmax's (RoPE, G KV heads; V = K). The token selection is
+shared by all heads (DSA's MQA), the block selection is per KV head (NSA's GQA groups: the
+group's queries summed). top_k >= T at forward time keeps every causal key: the selection
+cannot bite there, and `budget(seq_len)` logs that it does not.
+
+What trains the indexer: top-k is not differentiable, so the main loss never reaches the
+indexer's weights (index_q, index_k, index_w). As DSA's sparse stage, every forward with
+gradients sets `self.aux_loss` = indexer_loss_weight x KL(p || softmax(indexer scores)) over
+the selected keys, where p is the selected branch's attention summed over heads and
+detached, and the indexer reads x detached (its loss trains it alone). The harness adds
+`aux_loss` to the training loss (train/harness/module.py); a loop that does not leaves the
+indexer at its initialization. DSA's dense warm-up stage (a KL over all keys) is not done.
+The block selection has no weights of its own: its queries and keys learn as attention.
+
+The rank story (budgets/mixing/sparse.py): M = sum of gated branches, token to token (a
+slot's weight folded back through its pooling), and y = o_proj(M @ V) exactly; each query
+picks its own keys, so M's past->future block reaches T/2 whatever top_k (mixing T/2, as
+softmax); logits rank K; the cache keeps every token's keys and values, the indexer's keys
+and the complete slots.
+
+Paths (zoo/ops/sparse): `gathered` (chunks of queries over their gathered keys: T x k,
+beside the indexer's T x T scores) and `reference` (every branch materialized).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from budgets import RankBudget
+from budgets.mixing.sparse import (
+    SparseShape,
+    compress,
+    expand_heads,
+    pool_weights,
+    pooling_matrix,
+    selection_covers,
+    selection_mask,
+    sparse_caps,
+    sparse_mixing,
+)
+
+from .block import Block, CacheReadout, CacheSlot, apply_linear, split_heads
+from .config import StrictConfig, positive_int, require
+from .facts import Facts, Sizing, divisors
+from .ops.precision import upcast_16bit
+from .ops.sparse import SPARSE, SparseSpec
+from .ops.sparse.select import block_selection, index_scores_at, token_selection
+from .registry import register
+from .rope import apply_rope
+
+log = logging.getLogger("rankzoo")
+
+SELECTIONS = {"token": "DSA's indexer", "block": "NSA's and MoBA's block means"}
+POOLINGS = ("none", "mean", "gated")
+GATES = ("none", "sigmoid")
+
+
+@dataclass(frozen=True)
+class SparseConfig(StrictConfig):
+    owner: ClassVar[str] = "sparse"
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = 1  # G; 1 as DSA's MQA; None: MHA
+    head_dim: int | None = None  # K = V; None: d_model // n_heads
+    selection: str = "token"  # token (DSA) | block (NSA, MoBA)
+    top_k: int = 64  # keys (token) or blocks (block) each query attends to
+    block_size: int = 64  # tokens per block of the block selection
+    index_heads: int = 4  # I, the indexer's heads (token selection)
+    index_dim: int = 64  # d_I, its width; its keys are cached, d_I per token
+    compress: str = "none"  # none | mean | gated: the compressed branch's pooling
+    rate: int = 16  # tokens per compressed slot
+    local_window: int | None = None  # W: a window branch of the last W keys; None: none
+    gate: str = "none"  # none (the selection alone) | sigmoid (NSA's per-head branch gates)
+    indexer_loss_weight: float = 1.0  # the indexer's KL loss (it trains nothing else)
+    chunk_size: int = 128  # queries per chunk of the selection and the gathered path
+    rope: bool = True
+    rope_base: float = 10000.0
+    backend: str = "auto"
+
+    def validate(self) -> None:
+        positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads, top_k=self.top_k,
+                     block_size=self.block_size, index_heads=self.index_heads,
+                     index_dim=self.index_dim, rate=self.rate, chunk_size=self.chunk_size)
+        if self.head_dim is None:
+            require(self.d_model % self.n_heads == 0,
+                    f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        else:
+            positive_int(self.owner, head_dim=self.head_dim)
+        if self.n_kv_heads is not None:
+            positive_int(self.owner, n_kv_heads=self.n_kv_heads)
+            require(self.n_heads % self.n_kv_heads == 0,
+                    f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.local_window is not None:
+            positive_int(self.owner, local_window=self.local_window)
+        require(self.selection in SELECTIONS,
+                f"selection {self.selection!r} unknown; known: {list(SELECTIONS)}")
+        require(self.compress in POOLINGS,
+                f"compress {self.compress!r} unknown; known: {list(POOLINGS)}")
+        require(self.gate in GATES, f"gate {self.gate!r} unknown; known: {list(GATES)}")
+        require(self.gate == "sigmoid" or len(self.branches) == 1,
+                f"gate 'none' takes the selection alone, but the branches are "
+                f"{list(self.branches)}: set gate: sigmoid to combine them")
+        require(self.compress == "none" or self.selection == "token"
+                or self.block_size % self.rate == 0,
+                f"rate ({self.rate}) must divide block_size ({self.block_size}): the "
+                f"compressed slots tile the selection's blocks")
+        require(not self.rope or (self.k_dim % 2 == 0 and self.index_dim % 2 == 0),
+                f"RoPE needs an even head_dim and index_dim, got {self.k_dim} and "
+                f"{self.index_dim}")
+        require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
+        require(self.indexer_loss_weight >= 0,
+                f"indexer_loss_weight must be >= 0, got {self.indexer_loss_weight}")
+        SPARSE.check(self.backend)
+
+    @property
+    def k_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def branches(self) -> tuple[str, ...]:
+        """The branches present, in budgets.mixing.sparse.BRANCHES' order."""
+        return (("selected",) + (("compressed",) if self.compress != "none" else ())
+                + (("window",) if self.local_window is not None else ()))
+
+    def shape(self) -> SparseShape:
+        token = self.selection == "token"
+        return SparseShape(self.d_model, self.n_heads, self.kv_heads, self.k_dim,
+                           self.selection, self.top_k, self.block_size,
+                           self.index_heads if token else 0, self.index_dim if token else 0,
+                           None if self.compress == "none" else self.rate,
+                           self.compress == "gated", self.local_window)
+
+
+@dataclass
+class SparseCache:
+    """Every token's keys and values, the indexer's keys, the complete slots and the
+    pooling logits (empty where the config has no such part); `length` tokens filled."""
+
+    k: torch.Tensor  # [B, G, max_len, K]
+    v: torch.Tensor  # [B, G, max_len, V]
+    index_k: torch.Tensor  # [B, max_len, d_I] (token selection; else d_I = 0)
+    slot_k: torch.Tensor  # [B, G, max_len // rate, K] (compressed branch; else 0 slots)
+    slot_v: torch.Tensor  # [B, G, max_len // rate, V]
+    pool: torch.Tensor  # [B, G, max_len] gated pooling's logits (else 0 wide)
+    length: int = 0
+
+
+def write(buffer: torch.Tensor, rows: torch.Tensor, start: int, dim: int) -> torch.Tensor:
+    """Write rows into buffer along dim from start; return the buffer up to their end."""
+    end = start + rows.shape[dim]
+    buffer.narrow(dim, start, rows.shape[dim]).copy_(rows)
+    return buffer.narrow(dim, 0, end)
+
+
+@register("sparse")
+class SparseAttention(Block):
+    Config = SparseConfig
+    facts = Facts(
+        Sizing("top_k",
+               lambda kw, D, T: range(1, max(2, T if kw.get("selection", "token") == "token"
+                                             else -(-T // kw.get("block_size", 64)))),
+               "k",
+               "k = top_k: keys (token selection) or blocks (block selection) each query "
+               "attends to, below T; caches every token's keys and values (G = n_kv_heads), "
+               "the indexer's keys (d_I per token) and T/rate compressed slots",
+               lambda c: describe(c),
+               state=("n_kv_heads", lambda kw, D, T: divisors(kw["n_heads"]))),
+        cache="kv")
+
+    def __init__(self, config: SparseConfig):
+        super().__init__(config)
+        c = config
+        H, G, K, D = c.n_heads, c.kv_heads, c.k_dim, c.d_model
+        self.add_projections(q=H * K, k=G * K, v=G * K, o=H * K)
+        if c.selection == "token":  # DSA's lightning indexer: one key per token
+            self.index_q = nn.Linear(D, c.index_heads * c.index_dim, bias=False)
+            self.index_k = nn.Linear(D, c.index_dim, bias=False)
+            self.index_w = nn.Linear(D, c.index_heads, bias=False)
+        if c.compress == "gated":
+            self.pool_proj = nn.Linear(D, G, bias=False)  # per-token pooling logits
+        if c.gate == "sigmoid":
+            self.gate_proj = nn.Linear(D, H * len(c.branches), bias=False)
+        self.aux_loss: torch.Tensor | None = None  # set by every forward with gradients
+
+    @classmethod
+    def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
+        """DSA-like (the indexer's top 256 keys, MQA), NSA-like (top 4 blocks of 64, gated
+        slots of 16, a window of 128, sigmoid gates, GQA) and MoBA-like (top 3 blocks of
+        128, MHA): each scaled to bite at a few thousand tokens."""
+        groups = n_heads // 4 if n_heads >= 8 and n_heads % 4 == 0 else 1
+        return [("sparse (DSA-like)", {"selection": "token", "top_k": 256, "n_kv_heads": 1}),
+                ("sparse (NSA-like)", {"selection": "block", "top_k": 4, "block_size": 64,
+                                       "compress": "gated", "rate": 16, "local_window": 128,
+                                       "gate": "sigmoid", "n_kv_heads": groups}),
+                ("sparse (MoBA-like)", {"selection": "block", "top_k": 3, "block_size": 128,
+                                        "n_kv_heads": None})]
+
+    # ---------------------------------------------------------------- paths
+
+    def keys_values(self, x: torch.Tensor, offset: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated for positions offset + t) and values as cached: [B, G, T, K]."""
+        c = self.config
+        k = split_heads(self.k_proj, x, c.kv_heads)  # [B, G, T, K]
+        v = split_heads(self.v_proj, x, c.kv_heads)  # [B, G, T, V]
+        return (apply_rope(k, offset, c.rope_base) if c.rope else k), v
+
+    def project(self, x: torch.Tensor, offset: int = 0):
+        c = self.config
+        q = split_heads(self.q_proj, x, c.n_heads)  # [B, H, T, K]
+        return ((apply_rope(q, offset, c.rope_base) if c.rope else q),
+                *self.keys_values(x, offset))
+
+    def indexer(self, x: torch.Tensor, offset: int = 0):
+        """DSA's indexer on x (detached by the caller): queries [B, T, I, d_I], one key per
+        token [B, T, d_I], head weights [B, T, I] scaled by (I d_I)^-1/2."""
+        c = self.config
+        B, T, _ = x.shape
+        qi = apply_linear(self.index_q, x).view(B, T, c.index_heads, c.index_dim)
+        ki = apply_linear(self.index_k, x)  # [B, T, d_I]
+        if c.rope:
+            qi = apply_rope(qi.transpose(1, 2), offset, c.rope_base).transpose(1, 2)
+            ki = apply_rope(ki[:, None], offset, c.rope_base)[:, 0]
+        wi = apply_linear(self.index_w, x) * (c.index_heads * c.index_dim) ** -0.5
+        return qi, ki, wi
+
+    def select(self, x, q, k, offset: int, cache: SparseCache | None):
+        """The selected keys [B, G, Tq, n] and their validity, and the indexer's tensors
+        for its loss (None under the block selection)."""
+        c = self.config
+        if c.selection == "block":
+            idx, valid = block_selection(*upcast_16bit(q, k), c.top_k, c.block_size, offset,
+                                         c.chunk_size)
+            return idx, valid, None
+        qi, ki, wi = self.indexer(x.detach(), offset)
+        if cache is not None:
+            ki = write(cache.index_k, ki.to(cache.index_k.dtype), offset, 1)
+        idx, valid = token_selection(*upcast_16bit(qi, ki, wi), c.top_k, offset,
+                                     c.chunk_size)  # [B, Tq, n]: one for all heads
+        B, G = k.shape[0], c.kv_heads
+        expand = (B, G, *idx.shape[1:])
+        return idx[:, None].expand(expand), valid[:, None].expand(expand), (qi, ki, wi, idx)
+
+    def slots(self, x, k, v, offset: int, cache: SparseCache | None):
+        """The complete slots' keys and values [B, G, S, K], [B, G, S, V], or None."""
+        c = self.config
+        if c.compress == "none":
+            return None
+        logits = None
+        if c.compress == "gated":
+            logits = apply_linear(self.pool_proj, x).transpose(1, 2)  # [B, G, T]
+        if cache is None:
+            return compress(k, v, pool_weights(logits, k.shape[2], c.rate, k), c.rate)
+        if logits is not None:
+            logits = write(cache.pool, logits.to(cache.pool.dtype), offset, 2)
+        done, now = offset // c.rate, k.shape[2] // c.rate  # slots complete before, after
+        span = slice(done * c.rate, now * c.rate)
+        weights = pool_weights(None if logits is None else logits[..., span],
+                               (now - done) * c.rate, c.rate, k)
+        sk, sv = compress(k[:, :, span], v[:, :, span], weights, c.rate)
+        return (write(cache.slot_k, sk.to(cache.slot_k.dtype), done, 2),
+                write(cache.slot_v, sv.to(cache.slot_v.dtype), done, 2))
+
+    def gates(self, x: torch.Tensor) -> torch.Tensor | None:
+        """NSA's per-head branch gates [B, H, T, n_branches], or None (the selection alone)."""
+        c = self.config
+        if c.gate == "none":
+            return None
+        g = apply_linear(self.gate_proj, x).unflatten(-1, (c.n_heads, len(c.branches)))
+        return torch.sigmoid(g).transpose(1, 2)
+
+    def _forward(self, x: torch.Tensor, cache: SparseCache | None) -> torch.Tensor:
+        c = self.config
+        B, T, _ = x.shape
+        offset = 0 if cache is None else cache.length
+        if cache is not None and offset + T > cache.k.shape[2]:
+            raise ValueError(f"sparse cache overflow: {offset} cached + {T} new > max_len "
+                             f"{cache.k.shape[2]}")
+        q, k, v = self.project(x, offset)
+        if cache is not None:
+            k = write(cache.k, k.to(cache.k.dtype), offset, 2)  # [B, G, Tk, K]: all so far
+            v = write(cache.v, v.to(cache.v.dtype), offset, 2)
+        idx, valid, index = self.select(x, q, k, offset, cache)
+        slots = self.slots(x, k, v, offset, cache)
+        op = SPARSE.resolve(c.backend, SparseSpec.of(q, k, v, c.branches))
+        self._backend = op.name
+        o, chosen = op.fn(q, k, v, idx, valid, scale=1 / math.sqrt(c.k_dim), offset=offset,
+                          gates=self.gates(x), window=c.local_window, slots=slots, rate=c.rate,
+                          chunk_size=c.chunk_size)
+        self.aux_loss = self.indexer_loss(index, valid[:, 0], chosen)
+        if cache is not None:
+            cache.length += T
+        return apply_linear(self.o_proj, o.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
+
+    def indexer_loss(self, index, valid: torch.Tensor, chosen: torch.Tensor
+                     ) -> torch.Tensor | None:
+        """weight x KL(p || softmax(indexer scores)) over the selected keys, averaged over
+        queries: p the selected attention [B, H, T, n] averaged over heads, detached. None
+        without gradients, without an indexer or at weight 0."""
+        weight = self.config.indexer_loss_weight
+        if index is None or weight == 0 or not torch.is_grad_enabled():
+            return None
+        qi, ki, wi, idx = index
+        scores = index_scores_at(qi, ki, wi, idx).float()  # [B, T, n]
+        logp = torch.log_softmax(scores.masked_fill(~valid, torch.finfo(scores.dtype).min), -1)
+        p = chosen.detach().float().mean(1)  # [B, T, n]: rows sum to one over the valid
+        kl = (torch.xlogy(p, p) - p * logp).masked_fill(~valid, 0).sum(-1)  # [B, T]
+        return weight * kl.mean()
+
+    def _init_cache(self, batch: int, max_len: int) -> SparseCache:
+        c, p = self.config, self.q_proj.weight
+        G, K = c.kv_heads, c.k_dim
+        slots = max_len // c.rate if c.compress != "none" else 0
+        return SparseCache(p.new_zeros(batch, G, max_len, K), p.new_zeros(batch, G, max_len, K),
+                           p.new_zeros(batch, max_len, c.index_dim if c.selection == "token"
+                                       else 0),
+                           p.new_zeros(batch, G, slots, K), p.new_zeros(batch, G, slots, K),
+                           p.new_zeros(batch, G, max_len if c.compress == "gated" else 0))
+
+    def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
+        """M [B, H, T, T] (budgets/mixing/sparse.py), so that y == o_proj(M @ value_heads(x))
+        with the selection the forward makes."""
+        c = self.config
+        q, k, v = self.project(x)
+        idx, valid, _ = self.select(x, q, k, 0, None)
+        pool = None
+        if c.compress != "none":
+            logits = (apply_linear(self.pool_proj, x).transpose(1, 2)
+                      if c.compress == "gated" else None)
+            pool = pooling_matrix(pool_weights(logits, x.shape[1], c.rate, k), x.shape[1],
+                                  c.rate)  # [B, G, S, T]
+        return sparse_mixing(q, k, selection_mask(idx, valid, x.shape[1]),
+                             scale=1 / math.sqrt(c.k_dim), gates=self.gates(x),
+                             window=c.local_window, pool=pool, rate=c.rate)
+
+    def value_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """The value path per query head [B, H, T, V]: y = o_proj(M @ value_heads(x))."""
+        return expand_heads(split_heads(self.v_proj, x, self.config.kv_heads),
+                            self.config.n_heads)
+
+    def _weight_matrices(self) -> dict[str, torch.Tensor]:
+        c = self.config
+        wq = self.q_proj.weight.float().view(c.n_heads, c.k_dim, c.d_model)
+        wk = expand_heads(self.k_proj.weight.float().view(1, c.kv_heads, c.k_dim, c.d_model),
+                          c.n_heads)[0]  # [H, K, D]
+        return {"qk": wq.transpose(1, 2) @ wk,  # [H, D, D]: rank <= K
+                "value": self.v_proj.weight.float().T,  # [D, G*V]
+                "out": self.o_proj.weight.float()}  # [D, H*V]
+
+    def cache_slots(self) -> tuple[CacheSlot, ...]:
+        """Keys and values per KV head, every token; the indexer's keys (and the gated
+        pooling's logits) cached in full beside them. The compressed slots (2 G K per
+        `rate` tokens) are not a slot compress projects."""
+        c = self.config
+        beside = (c.index_dim if c.selection == "token" else 0) + (
+            c.kv_heads if c.compress == "gated" else 0)
+        return (CacheSlot("k", c.kv_heads, c.k_dim, fixed_per_token=beside),
+                CacheSlot("v", c.kv_heads, c.k_dim))
+
+    def describe_cache(self) -> str:
+        c = self.config
+        extra = f" + indexer keys {c.index_dim}" if c.selection == "token" else ""
+        if c.compress != "none":
+            extra += f" + slots of {c.rate} tokens"
+        return f"{c.kv_heads} KV heads x (K {c.k_dim} + V {c.k_dim}){extra}"
+
+    def cache_readout(self, x: torch.Tensor) -> CacheReadout:
+        q, _, v = self.project(x)
+        c = self.config
+        return CacheReadout(q, self.mixing_matrices(x), v, self.o_proj.weight, 1 / c.k_dim,
+                            c.rope)
+
+    def inference_state(self, cache: SparseCache) -> dict[str, torch.Tensor]:
+        """Keys and values [B, T, G*K], the indexer's keys [B, T, d_I] and the complete
+        slots [B, S, G*K] (each present where the config has it)."""
+        B, n, c = cache.k.shape[0], cache.length, self.config
+
+        def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, G, m, K] -> [B, m, G*K]
+            return t.transpose(1, 2).reshape(B, t.shape[2], -1)
+
+        state = {"k": tokens(cache.k[:, :, :n]), "v": tokens(cache.v[:, :, :n])}
+        if c.selection == "token":
+            state["index_k"] = cache.index_k[:, :n]
+        if c.compress != "none" and n >= c.rate:
+            state["slot_k"] = tokens(cache.slot_k[:, :, :n // c.rate])
+            state["slot_v"] = tokens(cache.slot_v[:, :, :n // c.rate])
+        return state
+
+    def _budget(self, seq_len: int) -> RankBudget:
+        c = self.config
+        shape = c.shape()
+        if selection_covers(shape, seq_len):
+            log.warning("rankzoo: sparse top_k (%d%s) covers seq_len %d: the selection cannot "
+                        "bite, every causal key is attended", c.top_k,
+                        f" blocks of {c.block_size}" if c.selection == "block" else "", seq_len)
+        linears = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return sparse_caps(self.kind, seq_len, shape, self.param_count(), 2 * linears)
+
+
+def describe(c: SparseConfig) -> str:
+    """`token k=256, G=1, I=4x64`, `block k=4x64, G=4, gated/16, W=128, sigmoid`."""
+    if c.selection == "token":
+        out = f"token k={c.top_k}, G={c.kv_heads}, I={c.index_heads}x{c.index_dim}"
+    else:
+        out = f"block k={c.top_k}x{c.block_size}, G={c.kv_heads}"
+    if c.compress != "none":
+        out += f", {c.compress}/{c.rate}"
+    if c.local_window is not None:
+        out += f", W={c.local_window}"
+    return out + (", sigmoid" if c.gate == "sigmoid" else "")
+
+
+__all__ = ["SparseAttention", "SparseCache", "SparseConfig"]
