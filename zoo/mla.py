@@ -16,6 +16,10 @@ without ever rebuilding per-head keys or values.
 The rank story: the value path W_UV diag(g) W_DKV has rank <= min(D, R); the cached state
 [c ; k_r] has rank <= min(T, R + dr); logits are capped by the query-key width dn + dr;
 the mixing matrix is a full softmax (T/2).
+
+Options as the softmax block's (zoo/softmax.py): `rope: false` leaves the dr-wide shared key
+and its query part unrotated (NoPE: the same widths and caps), `sinks: true` a learned sink
+logit per head in every row's softmax (rows of M sum to less than 1; no cap moves).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class MLAConfig(StrictConfig):
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     backend: str = "auto"
+    rope: bool = True  # false: NoPE, the dr-wide part unrotated
+    sinks: bool = False  # a learned sink logit per head (gpt-oss)
 
     def validate(self) -> None:
         positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads)
@@ -114,13 +120,13 @@ class LatentCache:
         return self.latent[:, :end], self.rope_key[:, :end]  # [B, end, R], [B, end, dr]
 
 
-def _attend(backend, q, k, v, scale: float) -> torch.Tensor:
+def _attend(backend, q, k, v, scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
     """Attention with the value width padded to the query width when it is smaller (fused
     kernels want equal head dims; zero columns change nothing), then cut back."""
     dv = v.shape[-1]
     if dv < q.shape[-1]:
         v = F.pad(v, (0, q.shape[-1] - dv))
-    return backend.fn(q, k, v, window=None, scale=scale)[..., :dv]
+    return backend.fn(q, k, v, window=None, scale=scale, sinks=sinks)[..., :dv]
 
 
 @register("mla")
@@ -148,6 +154,8 @@ class MultiHeadLatentAttention(Block):
         self.kv_norm = nn.RMSNorm(R, eps=c.norm_eps)
         self.kv_up = nn.Linear(R, H * (c.nope_dim + c.value_dim), bias=False)  # W_UK, W_UV
         self.add_projections(o=H * c.value_dim)
+        # sink logits [H], zero at the start (after the projections: their seeds stay)
+        self.sinks = nn.Parameter(torch.zeros(H)) if c.sinks else None
 
     @classmethod
     def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
@@ -178,14 +186,15 @@ class MultiHeadLatentAttention(Block):
             q = apply_linear(self.q_up, self._rms(self.q_norm, apply_linear(self.q_down, x)))
         q = q.view(B, T, c.n_heads, c.qk_dim).transpose(1, 2)  # [B, H, T, dn + dr]
         q_nope, q_rope = q.split([c.nope_dim, c.rope_dim], dim=-1)
-        return q_nope, apply_rope(q_rope, offset, c.rope_base)
+        return q_nope, (apply_rope(q_rope, offset, c.rope_base) if c.rope else q_rope)
 
     def latents(self, x: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached state: latent c [B, T, R] (normed) and rotated RoPE key [B, T, dr]."""
         c = self.config
         down = apply_linear(self.kv_down, x)  # [B, T, R + dr]
         latent, k_rope = down.split([c.latent, c.rope_dim], dim=-1)
-        k_rope = apply_rope(k_rope[:, None], offset, c.rope_base)[:, 0]  # [B, T, dr]
+        if c.rope:
+            k_rope = apply_rope(k_rope[:, None], offset, c.rope_base)[:, 0]  # [B, T, dr]
         return self._rms(self.kv_norm, latent), k_rope
 
     def _up(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,8 +223,9 @@ class MultiHeadLatentAttention(Block):
         B, T, _ = x.shape
         if cache is None:  # explicit form: per-head keys and values, H-head attention
             q, k, v = self.project(x)
-            backend = ATTENTION.resolve(self.config.backend, AttnSpec.of(q, k, v, window=None))
-            o = _attend(backend, q, k, v, self.scale)  # [B, H, T, dv]
+            backend = ATTENTION.resolve(self.config.backend,
+                                        AttnSpec.of(q, k, v, window=None, sinks=self.sinks))
+            o = _attend(backend, q, k, v, self.scale, self.sinks)  # [B, H, T, dv]
         else:  # absorbed form over the cached latents: one shared key/value head
             q_nope, q_rope = self.queries(x, cache.length)
             latent, k_rope = cache.append(*self.latents(x, cache.length))  # [B, Tk, R], [.., dr]
@@ -224,8 +234,10 @@ class MultiHeadLatentAttention(Block):
             k_lat = torch.cat((latent, k_rope), -1)[:, None]  # [B, 1, Tk, R + dr]
             v_lat = latent[:, None]  # [B, 1, Tk, R]
             backend = ATTENTION.resolve(self.config.backend,
-                                        AttnSpec.of(q_lat, k_lat, v_lat, window=None))
-            o = _attend(backend, q_lat, k_lat, v_lat, self.scale) @ w_uv.transpose(1, 2)
+                                        AttnSpec.of(q_lat, k_lat, v_lat, window=None,
+                                                    sinks=self.sinks))
+            o = _attend(backend, q_lat, k_lat, v_lat, self.scale, self.sinks) \
+                @ w_uv.transpose(1, 2)
         self._backend = backend.name
         return F.linear(o.transpose(1, 2).reshape(B, T, -1), self._w(self.o_proj, x.dtype))
 
@@ -237,11 +249,11 @@ class MultiHeadLatentAttention(Block):
     def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
         """softmax probabilities [B, H, T, T], recomputed on the reference path."""
         q, k, _ = self.project(x)
-        return attention_probs(q, k, window=None, scale=self.scale)
+        return attention_probs(q, k, window=None, scale=self.scale, sinks=self.sinks)
 
     def _mixing_operator(self, x: torch.Tensor) -> budgets.AttentionMixing:
         q, k, _ = self.project(x)  # [B, H, T, dn + dr] each
-        return budgets.AttentionMixing(q, k, self.scale)
+        return budgets.AttentionMixing(q, k, self.scale, sinks=self.sinks)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per head [B, H, T, dv]: y = o_proj(P @ value_heads(x))."""

@@ -39,6 +39,9 @@ class SlidingWindowConfig(SoftmaxConfig):
         require(self.window >= 1,  # the type is checked from the annotation
                 f"window (W, keys including the query itself) must be an int >= 1, "
                 f"got {self.window!r}")
+        require(self.chunk is None,  # its ring keeps the last W keys, not a chunk's
+                f"sliding_window.chunk must be null, got {self.chunk!r}: a chunked layer is "
+                "softmax with chunk: C")
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Causal attention: one signature, several kernels, a reference beside them.
 
-    fn(q, k, v, *, window, scale) -> o
+    fn(q, k, v, *, window, scale, chunk=None, sinks=None) -> o
         q [B, H, Tq, K], k [B, G, Tk, K], v [B, G, Tk, V] -> o [B, H, Tq, V]
 
 Causality is bottom-right aligned: query i sits at absolute position Tk - Tq + i, so a
 prefill (Tq = Tk) and a one-token decode step (Tq = 1) use the same call. `window` is W keys
 *including* the query itself (None: unbounded). G must divide H (GQA/MQA when G < H).
+`chunk` C: a query sees only the keys of its own chunk, chunks of C keys counted from key
+0 (so a cache hands over keys from a chunk's start). `sinks` [H]: a sink logit per query
+head joins each row's normalizer, with no value behind it (gpt-oss). A backend that
+cannot serve an option refuses it in `unsupported(spec)` (AttnSpec.chunk, .sinks).
 """
 
 from ..registry import Backend, BackendUnavailable, OpRegistry, always_available, import_probe
@@ -13,7 +17,12 @@ from .flex import flex_attention_fn, flex_unsupported
 from .reference import attention_probs, reference_attention
 from .sdpa import sdpa_attention
 from .spec import AttnSpec
-from .vendor import flash_attn_attention, flash_attn_unsupported, xformers_attention
+from .vendor import (
+    flash_attn_attention,
+    flash_attn_unsupported,
+    xformers_attention,
+    xformers_unsupported,
+)
 
 
 class AttentionRegistry(OpRegistry):
@@ -43,16 +52,12 @@ ATTENTION = AttentionRegistry("attention", preference={
 })
 
 
-def _cuda_only(spec: AttnSpec) -> str | None:
-    return None if spec.device_type == "cuda" else f"needs a CUDA device, got {spec.device_type}"
-
-
 ATTENTION.register(Backend("reference", reference_attention, always_available, lambda s: None))
 ATTENTION.register(Backend("sdpa", sdpa_attention, always_available, lambda s: None))
 ATTENTION.register(Backend("flash_attn", flash_attn_attention,
                            import_probe("flash_attn", "flash_attn_2_cuda"), flash_attn_unsupported))
 ATTENTION.register(Backend("xformers", xformers_attention,
-                           import_probe("xformers.ops"), _cuda_only))
+                           import_probe("xformers.ops"), xformers_unsupported))
 ATTENTION.register(Backend("flex", flex_attention_fn,
                            import_probe("torch.nn.attention.flex_attention"), flex_unsupported))
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .reference import expand_kv
+from .sinks import with_sink_column, with_sink_key
 
 
 def block_size(window: int) -> int:
@@ -42,8 +43,10 @@ def block_band_mask(seq_len: int, window: int, block: int, device: torch.device)
     return (j > i) & (j <= i + window) & (j >= window - b * block)  # [nb, C, C + W]
 
 
-def banded_sdpa(q, k, v, *, window: int, scale: float) -> torch.Tensor:
-    """q [B, H, T, K], k [B, G, T, K], v [B, G, T, V] -> [B, H, T, V], W keys incl. self."""
+def banded_sdpa(q, k, v, *, window: int, scale: float,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, T, K], k [B, G, T, K], v [B, G, T, V] -> [B, H, T, V], W keys incl. self;
+    sink logits [H], when given, as one more key of every slab (sinks.py)."""
     B, H, T, K = q.shape
     G, V = k.shape[1], v.shape[-1]
     C = block_size(window)
@@ -61,6 +64,9 @@ def banded_sdpa(q, k, v, *, window: int, scale: float) -> torch.Tensor:
     k_slabs, v_slabs = slabs(k), slabs(v)
     mask = block_band_mask(T, window, C, q.device)  # [nb, C, C + W]
     mask = mask.expand(B, nb, C, C + window).reshape(B * nb, 1, C, C + window)
+    if sinks is not None:  # [.., K + 1] queries and keys, the sink key last in each slab
+        q_blocks, k_slabs, v_slabs = with_sink_key(q_blocks, k_slabs, v_slabs, sinks, scale)
+        mask = with_sink_column(mask)
     gqa = G != H
     if gqa and q.is_cuda:  # CUDA's masked kernels do not take unequal head counts
         k_slabs, v_slabs, gqa = expand_kv(k_slabs, H), expand_kv(v_slabs, H), False

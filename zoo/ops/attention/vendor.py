@@ -11,7 +11,24 @@ from .reference import expand_kv
 from .spec import AttnSpec
 
 
+def no_options(spec: AttnSpec) -> str | None:
+    """These kernels mask causally and by a window only: chunks and sinks are refused."""
+    if spec.chunk is not None:
+        return f"no chunk mask (chunk={spec.chunk}); sdpa, flex or the reference serve it"
+    if spec.sinks:
+        return "no sink logits; sdpa or the reference serve them"
+    return None
+
+
+def xformers_unsupported(spec: AttnSpec) -> str | None:
+    if spec.device_type != "cuda":
+        return f"needs a CUDA device, got {spec.device_type}"
+    return no_options(spec)
+
+
 def flash_attn_unsupported(spec: AttnSpec) -> str | None:
+    if reason := no_options(spec):
+        return reason
     if spec.device_type != "cuda":
         return f"needs a CUDA device, got {spec.device_type}"
     if spec.dtype not in (torch.float16, torch.bfloat16):
@@ -21,9 +38,12 @@ def flash_attn_unsupported(spec: AttnSpec) -> str | None:
     return None
 
 
-def flash_attn_attention(q, k, v, *, window: int | None, scale: float) -> torch.Tensor:
+def flash_attn_attention(q, k, v, *, window: int | None, scale: float, chunk: int | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     from flash_attn import flash_attn_func
 
+    if chunk is not None or sinks is not None:
+        raise ValueError("flash_attn serves neither chunks nor sinks (see no_options)")
     # flash-attn takes [B, T, H, K], aligns causality bottom-right and counts the window
     # as keys to the left of the query: W keys including self is (W - 1, 0).
     window_size = (-1, -1) if window is None else (window - 1, 0)
@@ -32,10 +52,13 @@ def flash_attn_attention(q, k, v, *, window: int | None, scale: float) -> torch.
     return o.transpose(1, 2)  # [B, H, Tq, V]
 
 
-def xformers_attention(q, k, v, *, window: int | None, scale: float) -> torch.Tensor:
+def xformers_attention(q, k, v, *, window: int | None, scale: float, chunk: int | None = None,
+                       sinks: torch.Tensor | None = None) -> torch.Tensor:
     import xformers.ops as xops
     from xformers.ops import fmha
 
+    if chunk is not None or sinks is not None:
+        raise ValueError("xformers serves neither chunks nor sinks (see no_options)")
     if window is None:
         bias = fmha.attn_bias.LowerTriangularFromBottomRightMask()
     else:
