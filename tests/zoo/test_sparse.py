@@ -1,0 +1,227 @@
+"""The sparse family (zoo/sparse.py): the gathered path against the reference (outputs and
+all gradients, fp64), the output rebuilt from the mixing matrix, decoding, the selection
+and the caps. The block contract is checked for every registered block in
+tests/zoo/test_contract.py; the mixing math alone in tests/budgets/mixing/test_sparse.py."""
+
+import logging
+
+import pytest
+import torch
+
+import zoo
+from budgets.mixing.sparse import selected_keys, sparse_mixing
+from zoo.ops.sparse.select import index_scores
+
+D, H = 32, 4
+CONFIGS = {  # readable ids -> the block's knobs; chunk_size 5 puts chunk edges inside T
+    "dsa-k4": {"selection": "token", "top_k": 4},
+    "dsa-k4-gqa2": {"selection": "token", "top_k": 4, "n_kv_heads": 2},
+    "dsa-covers-T": {"selection": "token", "top_k": 64},
+    "moba-k2x4": {"selection": "block", "top_k": 2, "block_size": 4, "n_kv_heads": None},
+    "nsa-k2x4-gated2-W3": {"selection": "block", "top_k": 2, "block_size": 4, "n_kv_heads": 2,
+                           "compress": "gated", "rate": 2, "local_window": 3,
+                           "gate": "sigmoid"},
+    "dsa-k3-mean3-W5": {"selection": "token", "top_k": 3, "compress": "mean", "rate": 3,
+                        "local_window": 5, "gate": "sigmoid"},
+}
+IDS = list(CONFIGS)
+
+
+def build(label, seed=0, **over):
+    torch.manual_seed(seed)
+    return zoo.build("sparse", d_model=D, n_heads=H,
+                     **{"chunk_size": 5, **CONFIGS[label], **over}).double()
+
+
+def x_of(B=2, T=17, seed=1):
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+
+
+def readout(block, mixed):  # [B, H, T, V] -> y [B, T, D]
+    B, _, T, _ = mixed.shape
+    return block.o_proj(mixed.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.parametrize("label", IDS)
+def test_gathered_equals_reference_with_all_gradients_fp64(label):
+    x = x_of().requires_grad_()
+    w = torch.randn(2, 17, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    got = {}
+    for backend in ("gathered", "reference"):
+        block = build(label, backend=backend)
+        y = block(x)
+        loss = (y * w).sum() + (0 if block.aux_loss is None else block.aux_loss)
+        grads = torch.autograd.grad(loss, [x, *block.parameters()])
+        got[backend] = (y, block.aux_loss, grads)
+        assert block.backend == backend
+    (y_g, aux_g, grads_g), (y_r, aux_r, grads_r) = got["gathered"], got["reference"]
+    torch.testing.assert_close(y_g, y_r, atol=1e-12, rtol=1e-10)
+    if aux_r is not None:
+        torch.testing.assert_close(aux_g, aux_r, atol=1e-12, rtol=1e-10)
+    names = ["x", *(n for n, _ in build(label).named_parameters())]
+    for name, a, b in zip(names, grads_g, grads_r, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=name)
+        assert a.abs().sum() > 0, f"{name} gets no gradient"
+
+
+@pytest.mark.parametrize("backend", ["gathered", "reference"])
+@pytest.mark.parametrize("label", IDS)
+def test_output_is_the_mixing_matrix_of_the_value_path(label, backend):
+    """y == o_proj(M @ V) in fp64, compressed slots folded back to their tokens; M's rows
+    carry the gates' sum (1 for the selection alone) where every branch sees a key."""
+    block, x = build(label, backend=backend), x_of()
+    M = block._mixing_matrices(x)  # [B, H, T, T], fp64 (the contract's own casts to fp32)
+    torch.testing.assert_close(readout(block, M @ block.value_heads(x)), block(x),
+                               atol=1e-12, rtol=1e-10)
+    assert bool((M.triu(1) == 0).all()), "M reaches a future token"
+    if block.config.gate == "none":
+        torch.testing.assert_close(M.sum(-1), torch.ones_like(M[..., 0]))
+    fp32 = block.mixing_matrices(x)
+    assert fp32.dtype == torch.float32 and (fp32.double() - M).abs().max() < 1e-5
+
+
+DECODE = [[6] + [1] * 11, [1] * 17, [4, 5, 1, 7], [17]]
+
+
+@pytest.mark.parametrize("chunks", DECODE, ids=["prefill6-steps", "steps", "chunks", "one"])
+@pytest.mark.parametrize("label", IDS)
+def test_prefill_and_decode_equal_the_parallel_forward(label, chunks):
+    block, x = build(label), x_of()
+    cache = block.init_cache(2, 17)
+    with torch.no_grad():
+        pieces, t = [], 0
+        for n in chunks:
+            pieces.append(block(x[:, t:t + n], cache=cache))
+            t += n
+        torch.testing.assert_close(torch.cat(pieces, 1), block(x), atol=1e-12, rtol=1e-10)
+    assert cache.length == 17
+
+
+@pytest.mark.parametrize("label", ["nsa-k2x4-gated2-W3", "dsa-k3-mean3-W5"])
+def test_no_branch_reads_the_future(label):
+    """Every output position's gradient is zero on later inputs: an incomplete slot, a
+    block's later keys or its mean never reach an earlier query."""
+    block, x = build(label), x_of(B=1).requires_grad_()
+    y = block(x)
+    for t in (0, 2, 5, 8, 13):
+        (g,) = torch.autograd.grad(y[0, t].sum(), x, retain_graph=True)
+        assert g[0, t + 1:].abs().max() == 0, t
+        assert g[0, :t + 1].abs().max() > 0, t
+
+
+def test_token_selection_is_the_indexers_top_k_of_the_causal_keys():
+    block, x = build("dsa-k4"), x_of(B=1)
+    M = block._mixing_matrices(x)[0, 0]  # [T, T]: which keys the selection let through
+    qi, ki, wi = block.indexer(x)
+    scores = index_scores(qi, ki, wi)[0]  # [T, T]
+    for t in range(17):
+        chosen = set(torch.nonzero(M[t]).flatten().tolist())
+        if t < 4:
+            assert chosen == set(range(t + 1))  # fewer causal keys than k: all of them
+        else:
+            assert len(chosen) == 4 and max(chosen) <= t
+            assert scores[t, sorted(chosen)].min() >= scores[t, :t + 1].topk(4).values.min()
+
+
+def test_block_selection_keeps_the_own_block_and_whole_earlier_blocks():
+    block, x = build("moba-k2x4"), x_of(B=1)
+    M = block._mixing_matrices(x)[0]  # [H, T, T]
+    for t in range(17):
+        keys = set(torch.nonzero(M[0, t]).flatten().tolist())
+        own = t // 4
+        assert set(range(own * 4, t + 1)) <= keys  # the own block, up to t
+        blocks = {s // 4 for s in keys}
+        assert len(blocks) == min(2, own + 1)
+        for b in blocks - {own}:  # earlier blocks whole
+            assert set(range(b * 4, b * 4 + 4)) <= keys
+
+
+def test_the_indexer_learns_only_through_its_loss():
+    block, x = build("dsa-k4"), x_of()
+    block(x).sum().backward()
+    assert block.index_q.weight.grad is None and block.index_k.weight.grad is None
+    block.aux_loss.backward()
+    assert block.index_q.weight.grad.abs().sum() > 0 and block.q_proj.weight.grad is not None
+    with torch.no_grad():
+        block(x)
+    assert block.aux_loss is None
+
+
+def test_one_key_each_reaches_rank_t_over_two_so_the_mixing_cap_is_t_over_two():
+    """k = 1 does not bound M[t:, :t]: query h + i picking key i is a permutation there."""
+    T, h = 16, 8
+    q, k = torch.randn(1, 1, T, 4, dtype=torch.float64), torch.randn(1, 1, T, 4,
+                                                                     dtype=torch.float64)
+    selected = torch.zeros(1, 1, T, T, dtype=torch.bool)
+    selected[0, 0, torch.arange(T), torch.arange(T) % h] = True
+    M = sparse_mixing(q, k, selected, scale=0.5)[0, 0]
+    assert int(torch.linalg.matrix_rank(M[h:, :h])) == h
+    assert build("dsa-k4", top_k=1).budget(T).mixing == h
+
+
+@pytest.mark.parametrize("label", IDS)
+def test_budget_counts_the_keys_and_the_cache_the_block_really_uses(label):
+    block, T = build(label), 17
+    b, c = block.budget(T), block.config
+    cache = block.init_cache(1, T)
+    with torch.no_grad():
+        block(x_of(B=1, T=T), cache=cache)
+    held = sum(t.numel() for t in vars(cache).values() if isinstance(t, torch.Tensor))
+    assert b.cache_elements == held
+    M = block._mixing_matrices(x_of(B=1, T=T)) if c.gate == "none" else None
+    if M is not None:  # the selection alone: M's nonzeros are the selected keys
+        assert int((M[0, 0] != 0).sum()) == selected_keys(c.shape(), T)
+    assert (b.mixing, b.logits, b.value_path) == (T // 2, c.k_dim, min(D, c.kv_heads * c.k_dim))
+
+
+def test_a_selection_that_cannot_bite_is_said(caplog):
+    with caplog.at_level(logging.WARNING, logger="rankzoo"):
+        build("dsa-k4").budget(4)
+        build("moba-k2x4").budget(8)
+    assert "top_k (4) covers seq_len 4: the selection cannot bite" in caplog.text
+    assert "top_k (2 blocks of 4) covers seq_len 8" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rankzoo"):
+        build("dsa-k4").budget(5)
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gate": "softmax"}, r"gate 'softmax' unknown; known: \['none', 'sigmoid'\]"),
+    ({"selection": "random"}, r"selection 'random' unknown; known: \['token', 'block'\]"),
+    ({"compress": "max"}, r"compress 'max' unknown; known: \['none', 'mean', 'gated'\]"),
+    ({"selection": "block", "block_size": 64, "compress": "mean", "rate": 24,
+      "gate": "sigmoid"}, r"rate \(24\) must divide block_size \(64\)"),
+    ({"compress": "mean"}, r"gate 'none' takes the selection alone, but the branches are "
+                           r"\['selected', 'compressed'\]: set gate: sigmoid"),
+    ({"top_k": 0}, r"sparse.top_k must be a positive int, got 0"),
+    ({"local_window": 0, "gate": "sigmoid"}, r"sparse.local_window must be a positive int"),
+    ({"rate": -2}, r"sparse.rate must be a positive int, got -2"),
+    ({"index_dim": 5}, r"RoPE needs an even head_dim and index_dim, got 8 and 5"),
+    ({"n_kv_heads": 3}, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
+    ({"backend": "flash"}, r"unknown sparse backend 'flash'"),
+    ({"top_kk": 3}, r"'top_kk'; did you mean 'top_k'"),
+], ids=["gate", "selection", "compress", "rate-vs-block", "gate-none-two-branches", "top-k-0",
+        "window-0", "rate-negative", "odd-index-dim", "kv-heads", "backend", "misspelt"])
+def test_bad_config_names_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        zoo.build("sparse", d_model=D, n_heads=H, **kwargs)
+
+
+def test_gathered_path_allocates_no_t_by_t(quadratic_allocations):
+    """T = 80 above every width: no tensor has two dims >= T, the indexer's included (its
+    scores come a chunk of queries at a time)."""
+    for label in ("dsa-k4", "nsa-k2x4-gated2-W3"):
+        block = build(label, chunk_size=16, index_dim=16)
+        assert quadratic_allocations(block, x_of(B=1, T=80)) == [], label
+
+
+def test_presets_are_dsa_nsa_and_moba_and_build():
+    presets = zoo.block_class("sparse").variants(256, 8)
+    assert [name for name, _ in presets] == ["sparse (DSA-like)", "sparse (NSA-like)",
+                                             "sparse (MoBA-like)"]
+    for _, kwargs in presets:
+        with torch.device("meta"):
+            block = zoo.build("sparse", d_model=256, n_heads=8, **kwargs)
+        assert block.budget(4096).cache_elements > 0
