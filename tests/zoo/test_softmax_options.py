@@ -178,6 +178,26 @@ def test_options_cost_what_they_add():
     assert chunked.flops_per_token < plain.flops_per_token  # each query sees <= 16 keys
 
 
+@pytest.mark.parametrize("Tq, window, chunk", [(160, 8, None), (160, None, 24), (5, None, 24)],
+                         ids=["banded-window", "chunks-folded", "chunk-mask"])
+def test_sdpa_long_paths_take_sinks_exactly(Tq, window, chunk):
+    """The window's blocks (banded.py) and the prefill's folded chunks carry the sink key
+    too; a short query run (decoding) takes the chunk mask."""
+    from zoo.ops.attention import reference_attention, sdpa_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, Tq, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 160, 8, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    sinks = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    args = dict(window=window, scale=0.3, chunk=chunk, sinks=sinks)
+    a, b = sdpa_attention(q, k, v, **args), reference_attention(q, k, v, **args)
+    torch.testing.assert_close(a, b, **TOL)
+    for ga, gb in zip(torch.autograd.grad(a.sum(), [q, k, v, sinks]),
+                      torch.autograd.grad(b.sum(), [q, k, v, sinks]), strict=True):
+        torch.testing.assert_close(ga, gb, **TOL)
+
+
 def test_backends_that_cannot_serve_refuse_with_the_reason():
     spec = AttnSpec("cuda", torch.bfloat16, 64, 64, 8, 2, None, True)
     chunked = AttnSpec(**{**vars(spec), "chunk": 128})

@@ -102,3 +102,16 @@ def test_greedy_scaled_is_measured_only_where_the_gains_share_one_scale(family, 
     got = [alloc for alloc, *_ in settings(target, cal, None, options, 12, None, notes)]
     assert got == (["greedy", "greedy-scaled"] if scaled else ["greedy"])
     assert any("greedy-scaled: left out" in n for n in notes) is not scaled
+
+
+@pytest.mark.parametrize("options, windowable", [
+    ({}, True), ({"sinks": True}, False), ({"output_gate": "headwise"}, False),
+    ({"chunk": 4}, False), ({"rope": False}, True)])
+def test_a_head_is_read_through_a_window_only_where_the_windowed_forward_is_exact(options,
+                                                                                 windowable):
+    """The windowed forward (zoo_surgery.py) re-attends without sinks, gates or chunks."""
+    import zoo
+    from train.commands.compress.target.zoo_projections import PROJECTIONS
+
+    block = zoo.build("softmax", d_model=16, n_heads=2, **options)
+    assert PROJECTIONS["kv"].windowable(block) is windowable

@@ -83,9 +83,13 @@ class KVProjection:
 
     def windowable(self, block) -> bool:
         """A block of the softmax family's explicit form (queries, keys and values from
-        `project`, read through `o_proj`) without a window of its own."""
+        `project`, read through `o_proj`) without a window of its own, nor sinks, an output
+        gate or chunks, which the windowed forward (zoo_surgery.py) does not take."""
+        c = getattr(block, "config", None)
+        options = (getattr(c, "sinks", False) or getattr(c, "output_gate", "none") != "none"
+                   or getattr(c, "chunk", None) is not None)
         return (callable(getattr(block, "project", None)) and hasattr(block, "o_proj")
-                and getattr(block, "window", None) is None)
+                and getattr(block, "window", None) is None and not options)
 
 
 def _recording(record, key, heads: int):
