@@ -6,7 +6,7 @@ realized rank on that axis exceed it. The report puts each realized figure besid
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 # Which declared axis bounds which realized quantity measured by the probes.
 # The keys of the values are the names that blocks use in `weight_matrices()` and that
@@ -139,3 +139,30 @@ def attention_budget(block: str, seq_len: int, n_heads: int, n_kv_heads: int, he
         flops_per_token=(2 * D * (2 * H * K + 2 * G * K + gate)
                          + 2 * H * 2 * K * keys_seen(T, window, chunk) // T),
     )
+
+
+def difference_cap(caps: tuple[int, ...], support: int) -> int:
+    """The past->future rank cap of a signed combination of mixings, differential
+    attention's M = P1 - lambda P2: rank(A - lambda B) <= rank A + rank B, the sum of the
+    parts' caps, and never above `support`, the rank of the block's nonzero corner
+    (past_future_cap of the keys the parts see, T/2 at most). Two softmaxes over the same
+    keys each fill that corner already (exp's kernel is unbounded), so their difference's
+    cap is the corner's, the same as one softmax's: the sum binds only where a part's cap
+    is its kernel's (a feature map, a state), below its corner."""
+    return min(sum(caps), support)
+
+
+def differential_budget(block: str, seq_len: int, n_heads: int, n_kv_heads: int,
+                        head_dim: int, d_model: int, window: int | None = None,
+                        params: int = 0, chunk: int | None = None) -> RankBudget:
+    """The caps of one differential-attention layer: H softmax heads over G KV heads,
+    combined in pairs into H/2 output heads M = P1 - lambda P2, each reading a pair of value
+    heads (2V wide). Logits, value path and cache are one softmax layer's
+    (attention_budget); the mixing cap is difference_cap of the pair's; per token, Q K^T
+    once and each head's P applied to its 2V-wide values."""
+    one = attention_budget(block, seq_len, n_heads, n_kv_heads, head_dim, d_model, window,
+                           params, chunk)
+    cap = past_future_cap(seq_len, window, chunk)
+    extra_pv = 2 * n_heads * head_dim * keys_seen(seq_len, window, chunk) // seq_len
+    return replace(one, n_heads=n_heads // 2, mixing=difference_cap((cap, cap), cap),
+                   flops_per_token=one.flops_per_token + extra_pv)

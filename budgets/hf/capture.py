@@ -12,8 +12,16 @@ registered there, which receives each layer's queries, keys and values after the
 and RoPE, the additive or boolean mask, and the layer's `scaling`, `sliding_window`, logit
 `softcap` and attention-sink logits `s_aux` under transformers' keyword names: it reads
 them into an AttentionCall and answers with the P V engine of budgets/capture/attention.py,
-keys before RoPE recorded by budgets/capture/rope.py. This module holds only what is
-transformers' own: the registration and the keyword names.
+keys before RoPE recorded by budgets/capture/rope.py. A differential module's two calls
+(diffllama) are read as one (budgets/hf/differential.py); a call whose keys run past its
+T tokens (DeepSeek-V4's compressed slots) is refused in one line (budgets/hf/appended.py).
+A keyword the module does not read is refused (budgets/hf/keywords.py); DSA's top-k
+`indices` are folded into the mask as the model folds them, its indexer watched
+(budgets/hf/indexer.py). A window or attention chunks are read from the mask the layer
+attends under (budgets/capture/masks.py: llama4's chunked layers pass no keyword), chunks
+the probe is too short to reach from the layer's config (`attention_chunk_size` and its
+`layer_types` entry). This module holds only what is transformers' own: the registration,
+the keyword and config names.
 
 `transformed` has the model attend through its own implementation (SDPA or eager), each
 layer's keys and values first passed through a function (compress projects the rotated
@@ -33,7 +41,12 @@ import torch
 from torch import nn
 
 from ..capture.attention import AttentionCall, attend
+from ..capture.masks import mask_band
 from ..capture.rope import before_rope, rotary_recorded
+from .appended import refuse_appended_keys
+from .differential import DifferentialPairs
+from .indexer import indexers_watched, selection_of
+from .keywords import check_keywords
 
 # the names the capture and `transformed` register their attention functions under
 CAPTURE_ATTENTION = "rankzoo_capture"
@@ -76,13 +89,25 @@ def attending_through(model: nn.Module, name: str, attention: Callable, sdpa: bo
 
 # ---------------------------------------------------------------- the capture
 
+def _config_chunk(module) -> int | None:
+    """C where the layer's config makes it a chunked layer (llama4's layer_types)."""
+    config, i = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    C, types = getattr(config, "attention_chunk_size", None), getattr(config, "layer_types", None)
+    if not isinstance(C, int) or not isinstance(i, int) or not isinstance(types, list | tuple):
+        return None
+    return C if i < len(types) and types[i] == "chunked_attention" else None
+
+
 def _call_from(module, query, key, value, mask, kwargs: dict) -> AttentionCall:
     scaling = kwargs.get("scaling")
     sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    band = mask_band(mask, query.shape[-2])  # None: no mask, or none of causal's kinds
+    window = kwargs.get("sliding_window") or (band.window if band else None)
+    chunk = (band.chunk if band else None) or _config_chunk(module)
     return AttentionCall(
         module, query, key, value,
         query.shape[-1] ** -0.5 if scaling is None else float(scaling),  # eager's default
-        window=kwargs.get("sliding_window") or None, softcap=kwargs.get("softcap") or None,
+        window=window, chunk=chunk, softcap=kwargs.get("softcap") or None,
         sinks=sinks.detach() if isinstance(sinks, torch.Tensor) else None, mask=mask)
 
 
@@ -102,19 +127,34 @@ def capture(model: nn.Module, on_call: Callable[[AttentionCall], None],
         yield calls  # its attention never calls the interface: nothing to capture
         return
 
+    pairs = DifferentialPairs()
+    names = {m: n for n, m in model.named_modules()}
+    latest: list = []  # the last indexer run (budgets/hf/indexer.py)
+
     def attention(module, query, key, value, attention_mask, **kwargs):
+        refuse_appended_keys(module, query, key)
+        check_keywords(kwargs, attention_mask, module, names.get(module, "?"))
+        selection = None
+        if kwargs.get("indices") is not None:  # DSA's top-k, folded in as the model folds it
+            selection = selection_of(module, kwargs["indices"], attention_mask, latest, names)
+            attention_mask = selection.fold(attention_mask, query.shape[-2], key.shape[-2],
+                                            query.dtype)
         call = _call_from(module, query, key, value, attention_mask, kwargs)
-        if seen:
+        call.selection = selection
+        if seen:  # a rotary function ran since the last call: this layer rotates
             call.query_pre, call.key_pre = before_rope(query, seen), before_rope(key, seen)
+            call.rotated = True
             seen.clear()
-        call.output = attend(call, keep_probs, fused=matfree)
-        calls[module] = call
-        on_call(call)
-        return call.output, call.probs
+        out = call.output = attend(call, keep_probs, fused=matfree)
+        probs, call = call.probs, pairs.join(call)  # differential attention: one of two
+        if call is not None:
+            calls[module] = call
+            on_call(call)
+        return out, probs
 
     modules = [type(m).__module__ for m in model.modules()]
     with (attending_through(model, CAPTURE_ATTENTION, attention, matfree),
-          rotary_recorded(modules, seen)):
+          rotary_recorded(modules, seen), indexers_watched(model, latest)):
         yield calls
 
 

@@ -199,19 +199,27 @@ def _length_entry(t: int, values: dict) -> dict:
             "lower_bound": any(values.get("rank_eps_bound") or ())}
 
 
-def mixing_figures(P: torch.Tensor, eps: float) -> tuple[dict, dict]:
+def mixing_figures(P: torch.Tensor, eps: float, signed: bool = False) -> tuple[dict, dict]:
     """(the raw, centered and past->future metrics per head, {"past_future_lengths",
     "heads"}) of mixing matrices P [B, H, T, T]. A causal block's mixing on the prefix of
     length t is P's top-left t x t corner, so the past->future block at t is
-    P[t/2:t, :t/2]: no second forward."""
-    quantities, centered_energy = _measure_mixing(P, eps)
+    P[t/2:t, :t/2]: no second forward. `signed` (entries of either sign, rows not summing
+    to 1: differential attention): the raw and past->future metrics alone, the heads'
+    masses null (budgets/probe/signed.py)."""
+    if signed:  # no centering: it removes the all-ones direction of rows summing to 1
+        h, centered_energy = P.shape[-1] // 2, None
+        quantities = {q: matrix_figures(A, eps, batch_dims=1)
+                      for q, A in (("mixing", P), ("past_future", P[..., h:, :h]))}
+    else:
+        quantities, centered_energy = _measure_mixing(P, eps)
     T = P.shape[-1]
     lengths = []
     for t in prefix_lengths(T):
         values = quantities["past_future"][0] if t == T else matrix_figures(
             P[..., t // 2:t, :t // 2], eps, batch_dims=1)[0]
         lengths.append(_length_entry(t, values))
-    heads = {**head_stats(P, centered_energy), "raw_erank": quantities["mixing"][0]["erank"]}
+    stats = undefined_head_stats(P.shape[1]) if signed else head_stats(P, centered_energy)
+    heads = {**stats, "raw_erank": quantities["mixing"][0]["erank"]}
     return quantities, {"past_future_lengths": lengths, "heads": heads}
 
 

@@ -40,6 +40,7 @@ from .blocks import (
 )
 from .inputs import module_inputs
 from .places import Place, layer_count, mixer_places
+from .signed import signed_mark
 from .streams import MASSIVE_RATIO
 
 # (probe, i, map, quantities, x, call, streams, moe) -> the layer's entry
@@ -192,9 +193,12 @@ def layer_streams(p: CallProbe):
 
 
 def _figures(p: CallProbe, call, matfree: bool) -> tuple[dict, dict]:
-    if matfree:
-        return mixing_figures_matfree(call.operator(), p.eps, p.k_max)
-    return mixing_figures(call.exact().float(), p.eps)
+    signed = getattr(call, "signed", False)  # differential attention: M of either sign
+    figures = mixing_figures_matfree(call.operator(), p.eps, p.k_max) if matfree else \
+        mixing_figures(call.exact().float(), p.eps, signed=signed)
+    if signed:  # what applies to signed mixing, and what was left out (signed.py)
+        figures[1]["signed"] = signed_mark(figures[0])
+    return figures
 
 
 def _measuring(p: CallProbe, inputs: dict[int, torch.Tensor], streams: dict, matfree: bool):

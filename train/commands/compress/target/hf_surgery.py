@@ -198,7 +198,8 @@ class HFTarget:
         layer = self.at[i]
         w_o = None if layer.out is None else projection_weight(layer.out)
         H, _, _, V = layer.shape
-        if w_o is None or w_o.shape[1] != H * V:
+        # signed mixing (differential attention): W_O reads head pairs' normed difference
+        if w_o is None or w_o.shape[1] != H * V or getattr(call, "signed", False):
             return {}
         probs = (probabilities(call, rows) for rows in row_blocks(call))  # [B, H, r, T]
         keys, values = readout_weights(call.query, call.value, probs, w_o,
