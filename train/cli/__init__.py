@@ -1,4 +1,5 @@
-"""The `rankzoo` command: blocks, pick, train, report, compress, tokenize, claims.
+"""The `rankzoo` command: blocks, pick, train, report, compress, tokenize, claims, export,
+eval.
 
 Every verb prints rich tables for people, or with `--format json` exactly one JSON
 document on stdout for programs (progress and notes go to stderr). Bad input ends with a
@@ -24,7 +25,8 @@ from rich.console import Console
 from zoo.ops.registry import BackendUnavailable  # light: no kernels are imported
 
 from ..harness.stop import Terminated  # light: signals only
-from . import blocks, claims, compress, pick, report, tokenize, train
+from . import blocks, claims, compress, export, pick, report, tokenize, train
+from . import eval as eval_verb
 from .common import BAD_INPUT, console
 
 
@@ -46,6 +48,8 @@ COMMANDS = {
     "compress": Verb(compress.add_parser, compress.cmd_compress),
     "tokenize": Verb(tokenize.add_parser, tokenize.cmd_tokenize),
     "claims": Verb(claims.add_parser, claims.cmd_claims, check=claims.check_args),
+    "export": Verb(export.add_parser, export.cmd_export),
+    "eval": Verb(eval_verb.add_parser, eval_verb.cmd_eval),
 }
 
 
