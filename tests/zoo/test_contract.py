@@ -56,6 +56,8 @@ FEATURE_MAPS = {"elu+1": {"feature_map": "elu+1"},
                 "taylor": {"feature_map": "taylor", "feature_dim": 3},
                 "identity": {"feature_map": "identity", "normalize": False}}
 QUERIES = {"full-q": None, "low-rank-q": 12}
+# softmax's options together (tests/zoo/test_softmax_options.py checks each on its own)
+OPTIONS = {"sinks": True, "output_gate": "elementwise", "chunk": 5, "n_kv_heads": 2}
 
 
 def make_block(name, seed=0):
@@ -112,6 +114,7 @@ def params(*rows):
 CAUSAL = params(  # (case, the first token changed)
     *[(small_caps(name), 8) for name in NAMES],
     *[(family("softmax", variant, n_kv_heads=G), 7) for variant, G in KV_HEADS.items()],
+    (family("softmax", "options", **OPTIONS), 7),
     (family("sliding_window", "W5"), 7),
     (family("linear", "elu+1"), 9),
     (family("ssm", "defaults"), 9),
@@ -184,6 +187,7 @@ def test_prefill_then_decode_equals_parallel_forward(case, chunks, backend):
 BF16 = params(
     *[(small_caps(name),) for name in NAMES],
     (family("softmax", "mha"),),
+    (family("softmax", "options", **OPTIONS),),
     (family("mla", "low-rank-q", q_lora_rank=12),),
     (family("moe", "defaults"),),
 )
@@ -213,6 +217,7 @@ def test_bf16_autocast_forward_is_close_to_fp32(case):
 CAPS = params(
     *[(small_caps(name),) for name in NAMES],
     *[(family("softmax", variant, n_kv_heads=G),) for variant, G in KV_HEADS.items()],
+    (family("softmax", "options", **OPTIONS),),
     (family("sliding_window", "W5"),),
     *[(family("linear", fmap, **FEATURE_MAPS[fmap]),) for fmap in ("elu+1", "taylor")],
     (family("ssm", "defaults"),),

@@ -104,3 +104,26 @@ def test_flex_matches_reference_on_cuda_outputs_and_grads(shape, dtype):
     for got, want, what in zip(grads, grads_ref, "qkv", strict=True):
         torch.testing.assert_close(got.float(), want, atol=2.5 * tol, rtol=2.5 * tol,
                                    msg=f"d{what} differs")
+
+
+@pytest.mark.gpu
+@DEVICE_GPU
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_flex_serves_chunks_with_grads_and_sinks_for_inference_on_cuda(dtype):
+    """Chunks through the block mask (outputs and gradients); sinks through the returned
+    log-sum-exp, without gradients (flex_unsupported refuses them with grad)."""
+    q, k, v = (t.requires_grad_() for t in make_qkv(4, 2, 24, 24, dtype, "cuda", V=32))
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    o = ATTENTION.get("flex").fn(q, k, v, window=None, scale=0.25, chunk=7)
+    o_ref = reference_attention(*ref, window=None, scale=0.25, chunk=7)
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(o.float(), o_ref, atol=tol, rtol=tol)
+    cot = torch.randn_like(o_ref)
+    for got, want in zip(torch.autograd.grad(o, (q, k, v), cot.to(dtype)),
+                         torch.autograd.grad(o_ref, ref, cot), strict=True):
+        torch.testing.assert_close(got.float(), want, atol=2.5 * tol, rtol=2.5 * tol)
+    sinks = torch.linspace(-1, 1, 4, device="cuda")
+    with torch.no_grad():
+        o = ATTENTION.get("flex").fn(q, k, v, window=5, scale=0.25, chunk=7, sinks=sinks)
+        o_ref = reference_attention(*ref, window=5, scale=0.25, chunk=7, sinks=sinks)
+    torch.testing.assert_close(o.float(), o_ref, atol=tol, rtol=tol)
