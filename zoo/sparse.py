@@ -88,7 +88,7 @@ class SparseConfig(StrictConfig):
     top_k: int = 64  # keys (token) or blocks (block) each query attends to
     block_size: int = 64  # tokens per block of the block selection
     index_heads: int = 4  # I, the indexer's heads (token selection)
-    index_dim: int = 64  # d_I, its width; its keys are cached, d_I per token
+    index_dim: int | None = None  # d_I, its width (None: K); cached, d_I per token
     compress: str = "none"  # none | mean | gated: the compressed branch's pooling
     rate: int = 16  # tokens per compressed slot
     local_window: int | None = None  # W: a window branch of the last W keys; None: none
@@ -102,7 +102,7 @@ class SparseConfig(StrictConfig):
     def validate(self) -> None:
         positive_int(self.owner, d_model=self.d_model, n_heads=self.n_heads, top_k=self.top_k,
                      block_size=self.block_size, index_heads=self.index_heads,
-                     index_dim=self.index_dim, rate=self.rate, chunk_size=self.chunk_size)
+                     rate=self.rate, chunk_size=self.chunk_size)
         if self.head_dim is None:
             require(self.d_model % self.n_heads == 0,
                     f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
@@ -112,8 +112,9 @@ class SparseConfig(StrictConfig):
             positive_int(self.owner, n_kv_heads=self.n_kv_heads)
             require(self.n_heads % self.n_kv_heads == 0,
                     f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
-        if self.local_window is not None:
-            positive_int(self.owner, local_window=self.local_window)
+        for name in ("index_dim", "local_window"):
+            if getattr(self, name) is not None:
+                positive_int(self.owner, **{name: getattr(self, name)})
         require(self.selection in SELECTIONS,
                 f"selection {self.selection!r} unknown; known: {list(SELECTIONS)}")
         require(self.compress in POOLINGS,
@@ -126,9 +127,9 @@ class SparseConfig(StrictConfig):
                 or self.block_size % self.rate == 0,
                 f"rate ({self.rate}) must divide block_size ({self.block_size}): the "
                 f"compressed slots tile the selection's blocks")
-        require(not self.rope or (self.k_dim % 2 == 0 and self.index_dim % 2 == 0),
+        require(not self.rope or (self.k_dim % 2 == 0 and self.i_dim % 2 == 0),
                 f"RoPE needs an even head_dim and index_dim, got {self.k_dim} and "
-                f"{self.index_dim}")
+                f"{self.i_dim}")
         require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
         require(self.indexer_loss_weight >= 0,
                 f"indexer_loss_weight must be >= 0, got {self.indexer_loss_weight}")
@@ -143,6 +144,10 @@ class SparseConfig(StrictConfig):
         return self.n_kv_heads or self.n_heads
 
     @property
+    def i_dim(self) -> int:  # d_I
+        return self.index_dim or self.k_dim
+
+    @property
     def branches(self) -> tuple[str, ...]:
         """The branches present, in budgets.mixing.sparse.BRANCHES' order."""
         return (("selected",) + (("compressed",) if self.compress != "none" else ())
@@ -152,7 +157,7 @@ class SparseConfig(StrictConfig):
         token = self.selection == "token"
         return SparseShape(self.d_model, self.n_heads, self.kv_heads, self.k_dim,
                            self.selection, self.top_k, self.block_size,
-                           self.index_heads if token else 0, self.index_dim if token else 0,
+                           self.index_heads if token else 0, self.i_dim if token else 0,
                            None if self.compress == "none" else self.rate,
                            self.compress == "gated", self.local_window)
 
@@ -199,8 +204,8 @@ class SparseAttention(Block):
         H, G, K, D = c.n_heads, c.kv_heads, c.k_dim, c.d_model
         self.add_projections(q=H * K, k=G * K, v=G * K, o=H * K)
         if c.selection == "token":  # DSA's lightning indexer: one key per token
-            self.index_q = nn.Linear(D, c.index_heads * c.index_dim, bias=False)
-            self.index_k = nn.Linear(D, c.index_dim, bias=False)
+            self.index_q = nn.Linear(D, c.index_heads * c.i_dim, bias=False)
+            self.index_k = nn.Linear(D, c.i_dim, bias=False)
             self.index_w = nn.Linear(D, c.index_heads, bias=False)
         if c.compress == "gated":
             self.pool_proj = nn.Linear(D, G, bias=False)  # per-token pooling logits
@@ -242,12 +247,12 @@ class SparseAttention(Block):
         token [B, T, d_I], head weights [B, T, I] scaled by (I d_I)^-1/2."""
         c = self.config
         B, T, _ = x.shape
-        qi = apply_linear(self.index_q, x).view(B, T, c.index_heads, c.index_dim)
+        qi = apply_linear(self.index_q, x).view(B, T, c.index_heads, c.i_dim)
         ki = apply_linear(self.index_k, x)  # [B, T, d_I]
         if c.rope:
             qi = apply_rope(qi.transpose(1, 2), offset, c.rope_base).transpose(1, 2)
             ki = apply_rope(ki[:, None], offset, c.rope_base)[:, 0]
-        wi = apply_linear(self.index_w, x) * (c.index_heads * c.index_dim) ** -0.5
+        wi = apply_linear(self.index_w, x) * (c.index_heads * c.i_dim) ** -0.5
         return qi, ki, wi
 
     def select(self, x, q, k, offset: int, cache: SparseCache | None):
@@ -338,7 +343,7 @@ class SparseAttention(Block):
         G, K = c.kv_heads, c.k_dim
         slots = max_len // c.rate if c.compress != "none" else 0
         return SparseCache(p.new_zeros(batch, G, max_len, K), p.new_zeros(batch, G, max_len, K),
-                           p.new_zeros(batch, max_len, c.index_dim if c.selection == "token"
+                           p.new_zeros(batch, max_len, c.i_dim if c.selection == "token"
                                        else 0),
                            p.new_zeros(batch, G, slots, K), p.new_zeros(batch, G, slots, K),
                            p.new_zeros(batch, G, max_len if c.compress == "gated" else 0))
@@ -378,14 +383,14 @@ class SparseAttention(Block):
         pooling's logits) cached in full beside them. The compressed slots (2 G K per
         `rate` tokens) are not a slot compress projects."""
         c = self.config
-        beside = (c.index_dim if c.selection == "token" else 0) + (
+        beside = (c.i_dim if c.selection == "token" else 0) + (
             c.kv_heads if c.compress == "gated" else 0)
         return (CacheSlot("k", c.kv_heads, c.k_dim, fixed_per_token=beside),
                 CacheSlot("v", c.kv_heads, c.k_dim))
 
     def describe_cache(self) -> str:
         c = self.config
-        extra = f" + indexer keys {c.index_dim}" if c.selection == "token" else ""
+        extra = f" + indexer keys {c.i_dim}" if c.selection == "token" else ""
         if c.compress != "none":
             extra += f" + slots of {c.rate} tokens"
         return f"{c.kv_heads} KV heads x (K {c.k_dim} + V {c.k_dim}){extra}"
@@ -426,7 +431,7 @@ class SparseAttention(Block):
 def describe(c: SparseConfig) -> str:
     """`token k=256, G=1, I=4x64`, `block k=4x64, G=4, gated/16, W=128, sigmoid`."""
     if c.selection == "token":
-        out = f"token k={c.top_k}, G={c.kv_heads}, I={c.index_heads}x{c.index_dim}"
+        out = f"token k={c.top_k}, G={c.kv_heads}, I={c.index_heads}x{c.i_dim}"
     else:
         out = f"block k={c.top_k}x{c.block_size}, G={c.kv_heads}"
     if c.compress != "none":

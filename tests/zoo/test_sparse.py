@@ -213,7 +213,7 @@ def test_gathered_path_allocates_no_t_by_t(quadratic_allocations):
     """T = 80 above every width: no tensor has two dims >= T, the indexer's included (its
     scores come a chunk of queries at a time)."""
     for label in ("dsa-k4", "nsa-k2x4-gated2-W3"):
-        block = build(label, chunk_size=16, index_dim=16)
+        block = build(label, chunk_size=16)
         assert quadratic_allocations(block, x_of(B=1, T=80)) == [], label
 
 
