@@ -306,8 +306,10 @@ class TrainConfig(StrictConfig):
     precision: str = "32-true"
     accelerator: str = "cpu"
     devices: int | str = 1  # a count, -1 or "auto" (all), or GPU indices "0,2"
-    strategy: str = "auto"
+    strategy: str = "auto"  # fsdp: FSDP2 (train/harness/sharding.py), on CPUs as on GPUs
     num_nodes: int = 1
+    accumulate_grad_batches: int = 1  # forward/backward passes per step; same global batch
+    activation_checkpointing: bool = False  # recompute each layer in the backward
     val_every_n_steps: int = 100
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 100
@@ -318,7 +320,11 @@ class TrainConfig(StrictConfig):
         greater_than_zero("train", max_steps=self.max_steps, lr=self.lr, grad_clip=self.grad_clip,
                           val_every_n_steps=self.val_every_n_steps,
                           log_every_n_steps=self.log_every_n_steps,
-                          checkpoint_every_n_steps=self.checkpoint_every_n_steps)
+                          checkpoint_every_n_steps=self.checkpoint_every_n_steps,
+                          accumulate_grad_batches=self.accumulate_grad_batches)
+        require(isinstance(self.activation_checkpointing, bool),
+                f"train.activation_checkpointing must be true or false, got "
+                f"{self.activation_checkpointing!r}")
         require(self.warmup_steps >= 0,
                 f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         require(self.weight_decay >= 0,

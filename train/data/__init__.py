@@ -11,7 +11,7 @@ them from.
 """
 
 from .conventions import IGNORE, VAL_SEED_OFFSET, accuracy
-from .loaders import EpochBatches, make_loaders, make_splits, mqar_loaders, world
+from .loaders import EpochBatches, check_divides, make_loaders, make_splits, mqar_loaders, world
 from .markov import (
     MarkovSpec,
     entropy,
@@ -47,7 +47,7 @@ from .tokens import TokensSpec, tokens_splits
 __all__ = [
     "BYTE_VOCAB", "IGNORE", "SHARD_FORMATS", "SHARD_SUFFIX", "STDLIB", "VAL_SEED_OFFSET",
     "EpochBatches", "MQARSpec", "MarkovSpec", "ModAddSpec", "TextSpec", "Tokenizer",
-    "TokensSpec", "accuracy",
+    "TokensSpec", "accuracy", "check_divides",
     "accuracy_by_kv_pairs", "bpe_size", "cache_root", "encode_text", "entropy", "expand_paths",
     "load_tokenizer", "make_loaders", "make_markov", "make_mqar", "make_mqar_mix",
     "make_mqar_val", "make_splits", "markov_baselines", "markov_transitions", "mqar_loaders",

@@ -12,6 +12,11 @@ training, the monitor (train/monitor/core.py) probes the model on the probe batc
   `rank/L0/mixing_centered/erank/h0` and the layer mean `rank/L0/mixing_centered/erank/mean`;
 - adds singular-value histograms (`spectrum/L0/qk`) to TensorBoard.
 
+Under FSDP (train/harness/sharding.py) each rank holds a shard of each layer and a forward
+is a collective; the monitor then gathers the full weights on every rank (a collective
+too, so every rank calls measure) into an unsharded replica that global rank zero alone
+probes: the replica costs rank zero one more copy of the model.
+
 Sparse metrics go through `logger.log_metrics(..., step=global_step)`, never
 `pl_module.log`, which would re-emit stale values at every logging flush. A step already
 recorded in `ranks.jsonl` is never measured again, so a resumed run continues the file
@@ -21,6 +26,7 @@ train/harness/checkpoint.py; on_train_start measures the checkpoint's step if it
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +36,7 @@ from torch import nn
 
 from ..monitor.core import DEFAULT_HISTOGRAMS, DEFAULT_SCALARS, Monitor
 from ..rundir.layout import RANKS_FILE
+from .sharding import full_state, is_sharded
 
 __all__ = ["DEFAULT_HISTOGRAMS", "MonitorCallback", "RankMonitor"]
 
@@ -42,10 +49,16 @@ class MonitorCallback(Callback):
     def __init__(self, monitor: Monitor,
                  model_of: Callable[[object], nn.Module] = lambda pl_module: pl_module):
         self.monitor, self.model_of = monitor, model_of
+        self.replica: nn.Module | None = None  # rank zero's unsharded copy under FSDP
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if trainer.is_global_zero:
             self.monitor.resume()
+            # before configure_model shards it (Lightning calls that after this hook)
+            model = self.model_of(pl_module)
+            if self.replica is None and type(trainer.strategy).__name__ == \
+                    "ModelParallelStrategy" and not is_sharded(model):
+                self.replica = copy.deepcopy(model)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step  # already counts this batch's optimizer step
@@ -63,13 +76,26 @@ class MonitorCallback(Callback):
         self.measure(trainer, pl_module)
 
     def measure(self, trainer, pl_module) -> dict | None:
-        """Probe, record and log at the current step; None if skipped."""
+        """Probe, record and log at the current step; None if skipped. Every rank calls
+        it: under FSDP the weights are gathered first, by all of them."""
+        model = self.model_of(pl_module)
+        if is_sharded(model):
+            state = full_state(model)  # a collective; the whole state on rank zero only
+            if trainer.is_global_zero:
+                model = self.replica_of(state, pl_module.device)
         if not trainer.is_global_zero:
             return None
         step = trainer.global_step
         final = step >= trainer.max_steps > 0
-        return self.monitor.measure(self.model_of(pl_module), step, final=final,
-                                    sinks=trainer.loggers)
+        return self.monitor.measure(model, step, final=final, sinks=trainer.loggers)
+
+    def replica_of(self, state: dict, device: torch.device) -> nn.Module:
+        """The unsharded replica holding `state`, on the training device."""
+        if self.replica is None:
+            raise RuntimeError("the rank monitor has no unsharded replica of a sharded model "
+                               "(its setup ran after the model was sharded)")
+        self.replica.load_state_dict(state)
+        return self.replica.to(device)
 
 
 class RankMonitor(MonitorCallback):

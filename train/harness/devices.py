@@ -18,6 +18,7 @@ import torch
 
 from ..config import Experiment, TrainConfig
 from ..config.sections import device_request
+from ..data import check_divides
 
 # Environment variables by which a launcher (SLURM, torchrun, LSF, MPI, or by hand) tells
 # each node of a multi-node job where the others are: without one, Lightning's node 0
@@ -26,9 +27,16 @@ LAUNCHER_VARIABLES = ("MASTER_ADDR", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "LSB
                       "OMPI_COMM_WORLD_SIZE")
 
 
+# optimizers whose update is elementwise, so that a shard steps as its whole matrix would;
+# Muon orthogonalizes whole matrices (train/harness/muon.py) and under FSDP would see shards
+SHARDABLE_OPTIMIZERS = ("adamw", "lion")
+
+
 def check_experiment(exp: Experiment) -> None:
-    """The train section, and the fine-tune stage's (it may override it), on this machine."""
+    """The train section, and the fine-tune stage's (it may override it), on this machine;
+    data.batch_size, the global batch, against the processes and micro-batches sharing it."""
     check_machine(exp.train)
+    check_divides(exp.data.batch_size, world_size(exp.train), exp.train.accumulate_grad_batches)
     if exp.finetune is not None:
         check_machine(exp.finetune.train_config(exp.train), section="finetune.train")
 
@@ -39,11 +47,33 @@ def check_machine(train: TrainConfig, section: str = "train") -> None:
     check_devices(train.devices, kind, section)
     check_precision(train.precision, kind, section)
     check_strategy(train.strategy, kind, section)
+    if train.strategy == "fsdp" and train.optimizer not in SHARDABLE_OPTIMIZERS:
+        raise ValueError(f"{section}.optimizer={train.optimizer!r} with {section}.strategy="
+                         "'fsdp': Muon orthogonalizes whole matrices and FSDP gives each "
+                         f"process a shard of them; use {' or '.join(SHARDABLE_OPTIMIZERS)}, "
+                         "or strategy ddp")
     if train.num_nodes > 1 and not any(v in os.environ for v in LAUNCHER_VARIABLES):
         raise ValueError(f"{section}.num_nodes={train.num_nodes}: a multi-node run is started "
                          f"on every node by a launcher (SLURM, torchrun) or with MASTER_ADDR, "
                          f"MASTER_PORT and NODE_RANK set; none of {list(LAUNCHER_VARIABLES)} "
                          "is set here")
+
+
+def processes(train: TrainConfig) -> int:
+    """The processes a node runs for train.devices, as Lightning counts them: a count,
+    the indices given, every GPU for -1 and 'auto' (one process on a CPU for 'auto')."""
+    request = device_request(train.devices)
+    if isinstance(request, tuple):
+        return len(request)
+    if isinstance(request, int):
+        return request
+    kind = accelerator_kind(train.accelerator)
+    return 1 if kind == "cpu" else available()[kind]
+
+
+def world_size(train: TrainConfig) -> int:
+    """Processes on all nodes: what data.batch_size, the global batch, is shared among."""
+    return processes(train) * train.num_nodes
 
 
 def available() -> dict[str, int]:
@@ -114,8 +144,9 @@ def check_precision(precision: str, kind: str, section: str = "train") -> None:
 
 
 def check_strategy(strategy: str, kind: str, section: str = "train") -> None:
-    """Strategies that need a GPU, a TPU or a package this machine lacks."""
-    if strategy.startswith(("fsdp", "deepspeed")) and kind != "cuda":
+    """Strategies that need a GPU, a TPU or a package this machine lacks (fsdp, FSDP2,
+    runs anywhere: gloo on CPUs; Lightning's older fsdp_cpu_offload needs CUDA)."""
+    if strategy.startswith(("fsdp_", "deepspeed")) and kind != "cuda":
         raise ValueError(f"{section}.strategy={strategy!r} needs CUDA GPUs "
                          f"(accelerator: {kind}); available here: {describe_available()}")
     if strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:

@@ -54,6 +54,7 @@ from .checkpoint import (
     resume_checkpoint,
 )
 from .module import LMModule, NonFiniteLoss
+from .sharding import fsdp_strategy
 from .stop import Terminated
 
 
@@ -138,7 +139,7 @@ def fit_run(spec: RunSpec, exp_dir: Path, resume: bool, console: Console,
         raise out from None
     if not trainer.is_global_zero:
         return None
-    rate = tokens_per_second(spec.exp, trainer.global_step - start, trainer.world_size, seconds)
+    rate = tokens_per_second(spec.exp, trainer.global_step - start, seconds)
     console.print(outcome(spec, trainer.global_step, final, seconds, rate))
     backends = sorted({b.backend for b in module.model.blocks})
     write_yaml(files.config, {**spec.config, "params": params, "backend_used": backends})
@@ -223,7 +224,8 @@ def seeded_data(exp: Experiment, seed: int) -> tuple[DataLoader, DataLoader, tor
     monitor.probe_len tokens, [P, min(T, probe_len)]."""
     data = exp.data
     train_loader, val_loader = make_loaders(data.spec(), data.train_size, data.val_size,
-                                            data.batch_size, seed=seed)
+                                            data.batch_size, seed=seed,
+                                            micro_batches=exp.train.accumulate_grad_batches)
     m = exp.monitor
     return train_loader, val_loader, val_loader.dataset.tensors[0][:m.probe_size, :m.probe_len]
 
@@ -262,19 +264,18 @@ def outcome(spec: RunSpec, step: int, final: dict[str, float], seconds: float,
             f"val/loss {float(final['val/loss']):.3f} ({seconds:.0f} s{speed})")
 
 
-def tokens_per_step(exp: Experiment, world_size: int = 1) -> int:
-    """The tokens one optimizer step trains on, all ranks together: each rank's [B, T]
-    batch (train/data/loaders.py EpochBatches gives every rank batches of its own)."""
-    return exp.data.batch_size * exp.data.seq_len * world_size
+def tokens_per_step(exp: Experiment) -> int:
+    """The tokens one optimizer step trains on, all ranks together: data.batch_size is the
+    global batch (train/data/loaders.py EpochBatches shares it among the ranks)."""
+    return exp.data.batch_size * exp.data.seq_len
 
 
-def tokens_per_second(exp: Experiment, steps: int, world_size: int,
-                      seconds: float) -> float | None:
+def tokens_per_second(exp: Experiment, steps: int, seconds: float) -> float | None:
     """Training throughput over a fit's wall time (its validations and rank measurements
     included): the tokens of the `steps` steps it took, per second; None for no steps."""
     if steps <= 0 or seconds <= 0:
         return None
-    return steps * tokens_per_step(exp, world_size) / seconds
+    return steps * tokens_per_step(exp) / seconds
 
 
 # ---------------------------------------------------------------- Lightning
@@ -305,15 +306,12 @@ class ValidationLog(Callback):
     tokens per second since the line before (or the start of training); `label` (the
     run's name) starts the line where several runs print at once."""
 
-    def __init__(self, console: Console, tokens_per_rank_step: int = 0,
-                 label: str | None = None):
-        self.console, self.tokens_per_rank_step = console, tokens_per_rank_step
+    def __init__(self, console: Console, tokens_per_step: int = 0, label: str | None = None):
+        self.console, self.tokens_per_step = console, tokens_per_step
         self.prefix = f"{label} " if label else ""
-        self.tokens_per_step = tokens_per_rank_step
         self.since: tuple[float, int] | None = None  # (perf_counter, global step) of the last line
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.tokens_per_step = self.tokens_per_rank_step * trainer.world_size
         self.since = (time.perf_counter(), trainer.global_step)
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -353,6 +351,8 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
         max_steps=t.max_steps,
         max_epochs=-1,  # max_steps alone stops (an epoch bound miscounts after a resume)
         **device_settings(t),
+        # micro-batches per step: EpochBatches cuts each rank's share of the batch to match
+        accumulate_grad_batches=t.accumulate_grad_batches,
         # EpochBatches shards the train split itself: Lightning's distributed sampler would
         # replace it and could not start mid-epoch (each rank validates the whole split)
         use_distributed_sampler=False,
@@ -371,7 +371,10 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
 
 
 def device_settings(t: TrainConfig) -> dict[str, Any]:
-    return {"accelerator": t.accelerator, "devices": t.devices, "strategy": t.strategy,
+    """The Trainer's device arguments; fsdp, which Lightning names no strategy by, is its
+    ModelParallelStrategy as FSDP2 (train/harness/sharding.py)."""
+    strategy = fsdp_strategy(t) if t.strategy == "fsdp" else t.strategy
+    return {"accelerator": t.accelerator, "devices": t.devices, "strategy": strategy,
             "precision": t.precision, "num_nodes": t.num_nodes}
 
 
@@ -383,7 +386,7 @@ def check_trainer(t: TrainConfig, section: str = "train") -> None:
         L.Trainer(**device_settings(t), logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False)
     except Exception as e:  # Lightning raises several types, all meaning "not this setting"
-        shown = ", ".join(f"{section}.{k}={v!r}" for k, v in device_settings(t).items())
+        shown = ", ".join(f"{section}.{k}={getattr(t, k)!r}" for k in device_settings(t))
         message = " ".join(str(e).split())
         raise ValueError(f"Lightning refuses {shown}: {message}") from None
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from ..data import IGNORE, accuracy, accuracy_by_kv_pairs
 from ..lm.decoder import build_model
 from .optim import build_optimizer, build_schedule
+from .sharding import recompute_layers, shard
 
 
 class NonFiniteLoss(RuntimeError):
@@ -23,6 +24,18 @@ class LMModule(L.LightningModule):
         self.save_hyperparameters()  # hparams.config: the resolved variant config
         self.config = config
         self.model = build_model(config)
+        self._micro_losses: list[torch.Tensor] = []  # this step's so far (_step_loss)
+
+    def configure_model(self) -> None:
+        """Called by Lightning on every process once it is set up, for every strategy:
+        train.activation_checkpointing recomputes each layer in the backward; under
+        train.strategy fsdp (a device mesh set) every layer is sharded, then the root
+        (train/harness/sharding.py)."""
+        t = self.config.get("train", {})
+        if t.get("activation_checkpointing", False):
+            recompute_layers(self.model)
+        if self.device_mesh is not None:
+            shard(self.model, self.device_mesh["data_parallel"], t.get("precision", "32-true"))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tokens: [B, T]
         return self.model(tokens)  # [B, T, vocab]
@@ -42,14 +55,28 @@ class LMModule(L.LightningModule):
         loss, _ = self._loss(batch)
         self._check_finite(loss)
         aux = self._aux_loss()
-        if self._reads_train_scalars(self.global_step + 1):
+        step_loss = self._step_loss(loss)
+        if step_loss is not None and self._reads_train_scalars(self.global_step + 1):
             # logger=False: train/harness/checkpoint.py's TrainScalars writes them to
-            # TensorBoard, before the step's checkpoint (Lightning would write them after it)
-            self.log("train/loss", loss, prog_bar=True, logger=False)
+            # TensorBoard, before the step's checkpoint (Lightning would write them after it);
+            # the mean over ranks is the global batch's loss (each holds an equal share)
+            self.log("train/loss", step_loss, prog_bar=True, logger=False, sync_dist=True)
             if aux is not None:  # logged apart, so train/loss stays comparable across variants
                 self.log("train/aux_loss", aux, logger=False)
             self.log("train/lr", self.optimizers().param_groups[0]["lr"], logger=False)
         return loss if aux is None else loss + aux
+
+    def _step_loss(self, loss: torch.Tensor) -> torch.Tensor | None:
+        """The loss of the optimizer step this micro-batch belongs to: the mean of its
+        train.accumulate_grad_batches micro-batches' (equal shares of the step's batch),
+        at the last of them; None before it."""
+        self._micro_losses.append(loss.detach())
+        if len(self._micro_losses) < self.config.get("train", {}).get("accumulate_grad_batches",
+                                                                       1):
+            return None
+        step_loss = torch.stack(self._micro_losses).mean()
+        self._micro_losses = []
+        return step_loss
 
     def _reads_train_scalars(self, step: int) -> bool:
         """Whether anything reads the train/* scalars of the update that makes `step`:

@@ -57,15 +57,37 @@ def test_starting_at_any_step_continues_the_same_order(size, batch_size):
         assert epoch(loader) == order[end:end + n], f"the epoch after step {step}"
 
 
-def test_ranks_share_each_epoch_without_overlap(monkeypatch):
-    shares = []
-    for rank in (0, 1):
-        monkeypatch.setattr(data, "world", lambda rank=rank: (rank, 2))
-        loader, batches = new_loader(40, 4, seed=0)
-        assert len(batches) == 5  # 20 examples a rank
-        shares.append([i for b in epoch(loader) for i in b])
-    assert not set(shares[0]) & set(shares[1])
-    assert sorted(shares[0] + shares[1]) == list(range(40))
+def pieces_of(world: tuple[int, int], micro: int, monkeypatch, start: int = 0):
+    """Each rank's micro-batches of one epoch of a 40-example split, global batch 8."""
+    monkeypatch.setattr(data, "world", lambda: world)
+    batches = EpochBatches(40, 8, seed=0, micro_batches=micro)
+    batches.start_at(start)
+    return list(batches), batches
+
+
+@pytest.mark.parametrize("processes, micro", [(2, 1), (1, 2), (2, 2), (4, 2)])
+def test_the_global_batch_is_shared_among_ranks_and_micro_batches(monkeypatch, processes,
+                                                                  micro):
+    whole, _ = pieces_of((0, 1), 1, monkeypatch)  # 1 process: 5 steps of 8
+    shares = [pieces_of((r, processes), micro, monkeypatch)[0] for r in range(processes)]
+    for share in shares:
+        assert len(share) == 5 * micro and {len(p) for p in share} == {8 // (processes * micro)}
+    for step, batch in enumerate(whole):  # every step, the same examples, none twice
+        step_pieces = [p for share in shares for p in share[step * micro:(step + 1) * micro]]
+        assert sorted(i for p in step_pieces for i in p) == sorted(batch)
+
+
+def test_a_resume_under_accumulation_starts_at_the_optimizer_step(monkeypatch):
+    full, _ = pieces_of((1, 2), 2, monkeypatch)
+    resumed, batches = pieces_of((1, 2), 2, monkeypatch, start=3)
+    assert resumed == full[3 * 2:] and len(batches) == 10
+
+
+def test_a_global_batch_that_does_not_divide_is_refused(monkeypatch):
+    monkeypatch.setattr(data, "world", lambda: (0, 3))
+    with pytest.raises(ValueError, match=r"data.batch_size=8 \(the global batch\) does not "
+                                         r"divide among 3 processes x 1 micro-batch"):
+        list(EpochBatches(40, 8, seed=0))
 
 
 def test_the_train_loader_leaves_the_global_rng_alone():

@@ -128,7 +128,8 @@ def test_a_gpu_setting_is_checked_against_the_gpus_there_are(one_gpu, settings, 
 @pytest.mark.parametrize("settings, message", [
     ({"devices": -1}, "train.devices=-1: device indices and -1 select GPUs"),
     ({"precision": "16-mixed"}, "train.precision='16-mixed': fp16 mixed precision needs a GPU"),
-    ({"strategy": "fsdp"}, "train.strategy='fsdp' needs CUDA GPUs (accelerator: cpu)"),
+    ({"strategy": "fsdp_cpu_offload"},
+     "train.strategy='fsdp_cpu_offload' needs CUDA GPUs (accelerator: cpu)"),
 ])
 def test_a_cpu_setting_lightning_would_refuse_or_swap_is_an_error(monkeypatch, settings,
                                                                     message):
@@ -136,6 +137,21 @@ def test_a_cpu_setting_lightning_would_refuse_or_swap_is_an_error(monkeypatch, s
     with pytest.raises(ValueError) as e:
         devices.check_machine(TrainConfig(**settings))
     assert message in str(e.value)
+
+
+def test_fsdp_runs_on_a_cpu_through_lightnings_model_parallel_strategy(monkeypatch):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from train.harness.fit import check_trainer, device_settings
+
+    monkeypatch.setattr(devices, "available", lambda: {"cpu": 2})
+    train = TrainConfig(strategy="fsdp", devices=2, num_nodes=1)
+    devices.check_machine(train)
+    check_trainer(train)
+    strategy = device_settings(train)["strategy"]
+    assert isinstance(strategy, ModelParallelStrategy)
+    # all processes data-parallel, none tensor-parallel ("auto" would mean the reverse)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 1)
 
 
 def test_several_nodes_need_a_launcher(monkeypatch):
