@@ -38,6 +38,10 @@ TINY = {
                         qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
                         num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
                         moe_intermediate_size=32, num_key_value_heads=H, head_dim=8),
+    # differential attention: two softmaxes' heads combined in pairs, M = P1 - lambda P2 per
+    # output head (4 softmax heads, 2 output heads of 2 x 16 value columns); lambda per layer
+    # 0.16, -0.75, -1.09, 4.81: positive, negative and above 1
+    "diffllama": dict(num_hidden_layers=4, lambda_std_dev=0.5),
     # Mamba-2 family: 8 SSD heads of 16 channels, state N = 16, chunks of 16 tokens
     "mamba2": dict(num_heads=8, head_dim=16, state_size=16, n_groups=1, expand=2,
                    chunk_size=16, num_attention_heads=None, num_key_value_heads=None),
@@ -98,6 +102,18 @@ OTHER_MIXERS = {
 SPECIAL = {
     "zamba": dict(num_hidden_layers=4, layers_block_type=["mamba", "hybrid"] * 2),
     "rwkv": dict(num_hidden_layers=2),
+    # DeepSeek-V4, refused in one line: every layer a window of W = 16 keys (K = V, sinks);
+    # layer 1 CSA (overlapping windows of 2 x 4 tokens pooled into a slot, top-4 per query
+    # by its indexer), layer 2 HCA (16 tokens a slot) append 16 and 4 slots at T = 64, each
+    # pooled per channel from its compressor's own projection, not from the layer's values
+    "deepseek_v4": dict(
+        num_hidden_layers=3, num_key_value_heads=1, sliding_window=16,
+        layer_types=["sliding_attention", "compressed_sparse_attention",
+                     "heavily_compressed_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+        index_topk=4, index_n_heads=2, index_head_dim=16, q_lora_rank=32, o_groups=2,
+        o_lora_rank=16, partial_rotary_factor=0.5, n_routed_experts=4, num_experts_per_tok=2,
+        mlp_layer_types=["hash_moe", "moe", "moe"]),
 }
 # the hybrids and SSMs above: their mixing is an SSD or selective scan (budgets/hf/scans.py)
 SSM_TYPES = ("mamba2", "bamba", "falcon_h1", "mamba")

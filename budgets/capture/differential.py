@@ -4,6 +4,7 @@ diffllama): one softmax over H heads, its heads combined in pairs into signed mi
     call = DifferentialCall(module, q, k, v, scaling, lam=lam, pair_values=pv, ...)
     M = call.exact()                 # [B, H/2, T, T]: P[:, j] - lam[j] P[:, j + H/2]
     d = M @ call.values()            # [B, H/2, T, 2V]: the difference the module forms
+    y = call.readout(d)              # [B, T, H/2, 2V]: what its W_O reads (call.output)
 
 The H softmax heads P = softmax(q k^T * scaling + mask) are AttentionCall's (its P V
 engine, mask, window, soft-cap and sinks: `probs` is P itself); output head j subtracts
@@ -17,7 +18,8 @@ budgets/hf/differential.py reads a model's two interface calls into one of these
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,6 +37,8 @@ class DifferentialCall(AttentionCall):
     lam: torch.Tensor | None = None  # [H/2] each output head's lambda
     pair_values: torch.Tensor | None = None  # [B, H/2, T, 2V] the values M_j mixes
     mixed: torch.Tensor | None = None  # [B, T, H/2, 2V] the module's difference, pre-norm
+    # the module's own map from its difference to what W_O reads (diffllama: a group norm)
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
 
     signed = True  # M's entries take either sign (the probe's figures: signed.py)
 
@@ -59,6 +63,12 @@ class DifferentialCall(AttentionCall):
 
     def values(self) -> torch.Tensor:
         return self.pair_values  # [B, H/2, T, 2V]
+
+    @torch.no_grad()
+    def readout(self, mixed: torch.Tensor) -> torch.Tensor:
+        """What the module's W_O reads [B, T, H/2, 2V] from M @ values [B, H/2, T, 2V]."""
+        d = mixed.transpose(1, 2).to(self.pair_values.dtype)
+        return d if self.norm is None else self.norm(d)
 
     def caps(self, seq_len: int, d_model: int, params: int, block: str) -> RankBudget:
         H, G, K = self.query.shape[1], self.key.shape[1], self.key.shape[-1]

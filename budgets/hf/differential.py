@@ -65,17 +65,19 @@ def differential_call(first: AttentionCall, second: AttentionCall) -> Differenti
     lam = module_lambda(m, q.dtype)
     a1, a2 = torch.chunk(torch.cat([first.output, second.output], dim=-1), 2, dim=2)
     mixed = a1 - lam * a2  # [B, T, H/2, 2V] as the module forms it, before its norm
-    call = DifferentialCall(
+
+    def norm(d: torch.Tensor) -> torch.Tensor:  # what W_O reads, from the difference
+        return (1 - m.lambda_init) * m.groupnorm(d)
+
+    return DifferentialCall(
         m, q, k, torch.cat([v1[:, :half], v2[:, :half]], dim=1),  # [B, G, T, V] as cached
         first.scaling, window=first.window, softcap=first.softcap, sinks=first.sinks,
         mask=first.mask, query_pre=first.query_pre, key_pre=first.key_pre, probs=first.probs,
         # what W_O reads: its input, found by out_projections (budgets/capture/out_proj.py)
-        output=(1 - m.lambda_init) * m.groupnorm(mixed),
-        lam=lam.expand(H // 2).clone(),
+        output=norm(mixed), lam=lam.expand(H // 2).clone(),
         # output head j reads KV head j // (H / G) of v1 and of v2, side by side
         pair_values=torch.cat([v1, v2], dim=-1).repeat_interleave(H // G, dim=1)[:, :H // 2],
-        mixed=mixed)
-    return call
+        mixed=mixed, norm=norm)
 
 
 class DifferentialPairs:
