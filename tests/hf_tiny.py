@@ -20,6 +20,12 @@ COMMON = dict(hidden_size=D, intermediate_size=128, num_attention_heads=H,
               num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 MOE = dict(num_local_experts=4, num_experts_per_tok=2, num_experts=4, moe_intermediate_size=32)
 
+MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+           v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+           first_k_dense_replace=1, moe_intermediate_size=32, num_key_value_heads=H,
+           head_dim=8)
+DSA = dict(MLA, index_topk=8, index_n_heads=4, index_head_dim=16)
+
 # model type -> config overrides; each a feature of attention the probe must read
 TINY = {
     "llama": {},
@@ -34,10 +40,11 @@ TINY = {
     "gpt2": dict(n_embd=D, n_layer=2, n_head=H, n_positions=256, vocab_size=VOCAB),
     "gpt_neox": dict(rotary_pct=0.5, use_parallel_residual=True),
     "phi": dict(partial_rotary_factor=0.5, num_key_value_heads=H, head_dim=None),
-    "deepseek_v3": dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-                        qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
-                        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
-                        moe_intermediate_size=32, num_key_value_heads=H, head_dim=8),
+    "deepseek_v3": MLA,
+    # DSA: MLA whose queries each attend to the top 8 keys of a lightning indexer (4 heads,
+    # d_I = 16); glm_moe_dsa's layer 1 reuses layer 0's choice
+    "deepseek_v32": DSA,
+    "glm_moe_dsa": dict(DSA, num_hidden_layers=3, indexer_types=["full", "shared", "full"]),
     # differential attention: two softmaxes' heads combined in pairs, M = P1 - lambda P2 per
     # output head (4 softmax heads, 2 output heads of 2 x 16 value columns); lambda per layer
     # 0.16, -0.75, -1.09, 4.81: positive, negative and above 1
@@ -118,6 +125,9 @@ SPECIAL = {
 # the hybrids and SSMs above: their mixing is an SSD or selective scan (budgets/hf/scans.py)
 SSM_TYPES = ("mamba2", "bamba", "falcon_h1", "mamba")
 ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
+# multi-head latent attention: values and keys expanded from a cached latent
+MLA_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+DSA_TYPES = ("deepseek_v32", "glm_moe_dsa")  # an indexer's top-k selection
 
 
 def tiny_config(model_type: str, **extra):

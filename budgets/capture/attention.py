@@ -25,6 +25,7 @@ from torch import nn
 
 from ..budget import RankBudget, attention_budget
 from ..rank.matfree import AttentionMixing
+from .selection import Selection
 
 # query rows per block: a block of logits [B, H, rows, T] holds at most this many elements
 CHUNK_ELEMENTS = 1 << 25
@@ -48,6 +49,8 @@ class AttentionCall:
     probs: torch.Tensor | None = None  # [B, H, T, T], when the caller keeps it
     output: torch.Tensor | None = None  # [B, T, H, V] what the layer's W_O reads
     out_proj: nn.Module | None = field(default=None, repr=False)  # the module holding W_O
+    # DSA's top-k choice, already folded into `mask` (budgets/capture/selection.py)
+    selection: Selection | None = field(default=None, repr=False)
 
     @property
     def rope(self) -> bool:
@@ -64,18 +67,27 @@ class AttentionCall:
         # no RoPE: NoPE layers, or learned absolute positions added before the first layer
         kind["label"] = (f"sliding W={self.window}" if self.window else "global") + (
             "" if self.rope else " no RoPE")
+        if self.selection is not None:  # each query attends to the indexer's top k keys
+            kind["topk"] = self.selection.topk
+            kind["label"] = kind["label"].replace("global", f"dsa top-k {self.selection.topk}")
         return kind
 
     def exact(self) -> torch.Tensor:
         return self.probs  # [B, H, T, T], kept by attend(keep_probs=True)
 
     def operator(self) -> AttentionMixing:
+        if self.selection is not None:  # the operator knows causality, windows and chunks
+            raise ValueError(f"{self.kind(False)['label']}: a top-k selection is measured "
+                             f"exactly only, not matrix-free (matfree_from=None, or a probe "
+                             f"length below matfree_from)")
         return AttentionMixing(self.query, self.key, self.scaling, self.window, self.softcap,
                                self.sinks)
 
     def caps(self, seq_len: int, d_model: int, params: int, block: str) -> RankBudget:
         """The caps zoo's softmax / sliding_window blocks declare for this shape."""
         H, G, K = self.query.shape[1], self.key.shape[1], self.key.shape[-1]
+        if self.selection is not None:  # the sparse family's caps
+            return self.selection.caps(block, seq_len, d_model, H, G, K, params)
         return attention_budget(block, seq_len, n_heads=H, n_kv_heads=G, head_dim=K,
                                 d_model=d_model, window=self.window, params=params)
 
@@ -83,6 +95,8 @@ class AttentionCall:
         """Measured: the tensors go, the call (its module, kind, output projection) stays."""
         self.probs = self.query = self.key = self.value = None
         self.query_pre = self.key_pre = None
+        if self.selection is not None:
+            self.selection.release()
 
 
 def _mask_rows(call: AttentionCall, rows: slice, Tk: int) -> torch.Tensor | None:

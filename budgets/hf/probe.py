@@ -25,7 +25,8 @@ What is Hugging Face's own lives here: loading aside, the model's sources (its a
 interface, budgets/hf/capture.py; its Mamba scans, budgets/hf/scans.py; its delta rules'
 chunk functions, budgets/hf/delta.py; the mixers read from their forwards,
 budgets/hf/hooked.py),
-its forward, its output embeddings, the entry builders per call kind (an attention
+its forward (checked against the model's own: budgets/probe/faithful.py), its output
+embeddings, the entry builders per call kind (an attention
 layer's projections from budgets/capture/projections.py, found by watching a short forward
 rather than from a table per model type; its cache rows) and the eager fallback for
 models outside the interface. The measuring itself is budgets/probe/calls.py's
@@ -41,6 +42,7 @@ P, chosen by the probe length T as probe_model chooses them:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -56,6 +58,7 @@ from ..probe.blocks import (
 )
 from ..probe.calls import CallProbe, check_layers, probe_calls
 from ..probe.entries import attention_entry
+from ..probe.faithful import first_change, loss_check
 from ..probe.mixing_entry import mixing_entry
 from ..probe.places import Running, layer_at_call, mixer_places
 from ..probe.streams import MASSIVE_RATIO
@@ -199,6 +202,9 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: boo
             p, lambda: model(input_ids=ids, use_cache=False)["logits"], _sources(matfree),
             model.get_output_embeddings(), matfree)
         loss = _next_token_loss(logits, ids)
+        first = {m.module: m.name for m in reversed(p.maps)}  # a module once, first name
+        check = _loss_check(model, ids, loss, {n: m for m, n in first.items()},
+                            _captured_run(model, ids, matfree))
     probe = {"seq_len": T, "eps": float(eps), "batch_size": int(ids.shape[0]),
              "layers": [p.layers[i] for i in p.wanted],
              "final_hidden": final_hidden_metrics(final, eps)}
@@ -206,7 +212,31 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: boo
         probe["matfree"] = {"from": matfree_from, "k_max": k_max}
     if unmeasured:
         probe["unmeasured_mixers"] = unmeasured
+    probe["loss_check"] = check
     return probe, loss
+
+
+def _captured_run(model, ids: torch.Tensor, matfree: bool) -> Callable[[], object]:
+    """The probe's forward under its sources, measuring nothing (first_change's)."""
+    def run():
+        with contextlib.ExitStack() as stack:
+            for source in _sources(matfree):
+                stack.enter_context(source(model, lambda call: None))
+            return model(input_ids=ids, use_cache=False)
+    return run
+
+
+def _loss_check(model, ids: torch.Tensor, captured: float, mixers: dict[str, nn.Module],
+                run_captured: Callable[[], object]) -> dict:
+    """budgets/probe/faithful.py's check of the captured loss against the model's own on
+    ids (one more forward), `mixers` (name -> module) watched to name a change."""
+    def run_plain():
+        return model(input_ids=ids, use_cache=False)
+
+    plain = _next_token_loss(run_plain()["logits"], ids)
+    dtype = next(model.parameters()).dtype
+    return loss_check(captured, plain, dtype,
+                      lambda: first_change(mixers, run_plain, run_captured, dtype))
 
 
 def _probe_eager(model, ids: torch.Tensor, eps: float, layers, with_spectra: bool,
@@ -218,10 +248,25 @@ def _probe_eager(model, ids: torch.Tensor, eps: float, layers, with_spectra: boo
     if found is None:
         raise why
     entries, final, loss = found
+    # no capture ran, but output_attentions may switch what computes: the same check
+    layers = _decoder_layers(model)
+    check = _loss_check(model, ids, loss, layers, lambda: model(
+        input_ids=ids, output_attentions=True, use_cache=False))
     for layer in entries if not with_spectra else ():
         del layer["spectra"]
     return {"seq_len": int(ids.shape[1]), "eps": float(eps), "batch_size": int(ids.shape[0]),
-            "layers": entries, "final_hidden": final_hidden_metrics(final, eps)}, loss
+            "layers": entries, "final_hidden": final_hidden_metrics(final, eps),
+            "loss_check": check}, loss
+
+
+def _decoder_layers(model) -> dict[str, nn.Module]:
+    """The items of the model's decoder layer list (its ModuleList of num_hidden_layers
+    items), by path."""
+    n = getattr(model.config, "num_hidden_layers", None)
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) == n:
+            return {f"{name}.{i}": item for i, item in enumerate(m)}
+    return {}
 
 
 def build_hf_report(name: str, entry: dict, thresholds=None,

@@ -9,7 +9,9 @@ after kv_a_layernorm, the input of the linear expanding it into per-head keys an
 and the shared rotary key k_r [B, T, dr]. Its rows are then inference.latent and
 inference.rope_key, capped by min(T, R + dr) as zoo's mla block declares (zoo/mla.py).
 The expanding linear is found by budgets/capture/projections.py; the probe catches its input
-(budgets/probe/inputs.py) during its forward pass.
+(budgets/probe/inputs.py) during its forward pass. A DSA layer caches its indexer's keys
+[B, T, d_I] beside them: inference.index_key, d_I more elements per token, the inference cap
+min(T, max(width, d_I)) as budgets/mixing/sparse.py declares.
 """
 
 from __future__ import annotations
@@ -59,16 +61,25 @@ def latent_rows(call: AttentionCall, latent: torch.Tensor, eps: float) -> dict:
 
 def latent_budget(budget: RankBudget, latent: torch.Tensor, call: AttentionCall
                   ) -> RankBudget:
-    """The layer's caps with its cache's: min(T, R + dr), T (R + dr) elements."""
+    """The layer's caps with its cache's: min(T, R + dr), T (R + dr) elements (and a DSA
+    indexer's keys: d_I more per token)."""
     T, R = call.key.shape[-2], latent.shape[-1]
     width = R + int(rotated_columns(call).sum())
-    return dataclasses.replace(budget, inference=min(T, width), cache_elements=T * width)
+    index = call.selection.index_dim if call.selection is not None else 0
+    return dataclasses.replace(budget, inference=min(T, max(width, index)),
+                               cache_elements=T * (width + index))
 
 
 def cache_rows(call: AttentionCall, latent: torch.Tensor | None, eps: float) -> dict:
-    """The layer's inference rows: its latent's when it caches one, else its K and V."""
+    """The layer's inference rows: its latent's when it caches one, else its K and V; a DSA
+    indexer's keys beside them."""
     if latent is not None:
-        return latent_rows(call, latent, eps)
-    k, v = as_cached(call.key, call.value, call.window)
-    return {"inference.k": matrix_figures(joint(k), eps, batch_dims=1),
-            "inference.v": matrix_figures(joint(v), eps, batch_dims=1)}
+        rows = latent_rows(call, latent, eps)
+    else:
+        k, v = as_cached(call.key, call.value, call.window)
+        rows = {"inference.k": matrix_figures(joint(k), eps, batch_dims=1),
+                "inference.v": matrix_figures(joint(v), eps, batch_dims=1)}
+    keys = call.selection.keys if call.selection is not None else None
+    if keys is not None:  # [B, T, d_I], one key head
+        rows["inference.index_key"] = matrix_figures(keys.float(), eps, batch_dims=1)
+    return rows

@@ -23,6 +23,7 @@ from ..rank.adapters import lowrank_singular_values
 from .blocks import matrix_figures, summarize_spectrum
 from .cache_rows import as_cached, cache_rows, latent_budget
 from .calls import CallProbe
+from .selector import selector_figures
 from .streams import kv_head_figures
 
 
@@ -57,6 +58,8 @@ def attention_entry(p: CallProbe, i: int, layer: LayerMap, mixing: dict, x: torc
         heads["k_pre_rope"] = call.key_pre[..., call.key_pre.shape[-2] - k.shape[-2]:, :]
     extras["kv_heads"] = kv_head_figures(heads, p.eps)
     extras["kind"] = call.kind(moe)
+    if call.selection is not None:  # DSA: its indexer, read as a selector
+        extras["indexer"] = selector_figures(call, p.eps)
     latent = streams["latent"].pop(i, None)  # the latent an MLA layer caches, else None
     measured = dict(mixing)  # mixing, mixing_centered, past_future, hidden_centered
     measured.update(weight_quantities(layer, p.eps))

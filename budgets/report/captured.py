@@ -29,12 +29,15 @@ def captured_report(name: str, entry: dict, experiment: str, thresholds=None,
     source, probe = entry["source"], entry["probe"]
     report = build_report({name: entry}, experiment=experiment, thresholds=thresholds)
     report["source"] = {**source, **({"matfree": probe["matfree"]} if "matfree" in probe
-                                     else {})}
+                                     else {}),
+                        # the captured loss beside the model's own (budgets/probe/faithful.py)
+                        **({"loss_check": probe["loss_check"]} if "loss_check" in probe
+                           else {})}
     for layer, probed in zip(report["variants"][0]["layers"], probe["layers"], strict=True):
         # matrix-free SSM layers have no whole-mixing figures: empty lists there
         eranks = {q: probed["quantities"].get(q, {}).get("erank", []) for q in ERANK_QUANTITIES}
         layer["erank"] = eranks  # per head (hidden_centered: one value per layer)
-        for key in ("kind", "not_measured", "indexer", "signed"):
+        for key in ("kind", "not_measured", "indexer", "indexer", "signed"):
             if key in probed:
                 layer[key] = probed[key]
     report["kinds"] = kind_summary(report["variants"][0]["layers"], zoo_blocks)

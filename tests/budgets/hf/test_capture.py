@@ -20,7 +20,7 @@ from budgets.hf.capture import (  # noqa: E402
     transformers_attention,
 )
 from budgets.hf.probe import hf_layer_maps, probe_hf_model  # noqa: E402
-from tests.hf_tiny import ATTENTION_TYPES, VOCAB, tiny_model  # noqa: E402
+from tests.hf_tiny import ATTENTION_TYPES, MLA_TYPES, VOCAB, tiny_model  # noqa: E402
 
 B, T = 2, 24
 
@@ -92,7 +92,7 @@ def test_the_projections_found_give_the_captured_heads(model):
         assert layer.out is not None  # W_O: every type has one
         H, G, K, V = layer.shape
         if layer.v is None:  # MLA: values come from a latent, named as not measured
-            assert model.config.model_type == "deepseek_v3" and "W_V" in layer.missing()
+            assert model.config.model_type in MLA_TYPES and "W_V" in layer.missing()
             continue
         v = x @ layer.v.weight().T + (0 if layer.v.bias() is None else layer.v.bias())
         torch.testing.assert_close(v.view(B, T, G, V).transpose(1, 2), call.value)

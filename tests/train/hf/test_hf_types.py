@@ -16,7 +16,7 @@ transformers = pytest.importorskip(
 import budgets  # noqa: E402
 from budgets.hf import hooked  # noqa: E402
 from budgets.hf.probe import build_hf_report, probe_hf_model  # noqa: E402
-from tests.hf_tiny import ATTENTION_TYPES, TINY, tiny_model  # noqa: E402
+from tests.hf_tiny import ATTENTION_TYPES, DSA_TYPES, MLA_TYPES, TINY, tiny_model  # noqa: E402
 from tests.train.hf.conftest import probe_report  # noqa: E402
 from train.cli import main  # noqa: E402
 from train.commands.compress import CompressOptions, compress_hf  # noqa: E402
@@ -47,9 +47,15 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("model_type", list(TINY))
 def test_report_runs_on_each_type(saved, text_file, model_type):
     report = probe_report(saved(model_type), text_file, seq_len=T, probe_size=P)
-    free = probe_report(saved(model_type), text_file, seq_len=T, probe_size=P, matfree_from=16)
-    assert [ly["kind"] for ly in free["variants"][0]["layers"]] == [
-        ly["kind"] for ly in report["variants"][0]["layers"]]
+    if model_type in DSA_TYPES:  # a top-k selection is measured exactly only, never misread
+        with pytest.raises(ValueError, match="measured exactly only"):
+            probe_report(saved(model_type), text_file, seq_len=T, probe_size=P,
+                         matfree_from=16)
+    else:
+        free = probe_report(saved(model_type), text_file, seq_len=T, probe_size=P,
+                            matfree_from=16)
+        assert [ly["kind"] for ly in free["variants"][0]["layers"]] == [
+            ly["kind"] for ly in report["variants"][0]["layers"]]
     layers = report["variants"][0]["layers"]
     assert report["source"]["model_type"] == model_type and layers
     for layer in layers:
@@ -59,7 +65,7 @@ def test_report_runs_on_each_type(saved, text_file, model_type):
             assert set(rows) == {"past_future"} and "not_measured" in layer
             assert rows["past_future"]["declared"] == min(kind["state"], T // 2)
             continue
-        cache = ({"inference.latent", "inference.rope_key"} if model_type == "deepseek_v3"
+        cache = ({"inference.latent", "inference.rope_key"} if model_type in MLA_TYPES
                  else {"inference.k", "inference.v"})  # MLA caches its latent
         assert {"past_future", "out", *cache} <= set(rows)
         assert ("qk" in rows) == ("not_measured" not in layer)
@@ -71,7 +77,7 @@ def test_report_runs_on_each_type(saved, text_file, model_type):
 
 # falcon_h1: attention beside the SSM in every layer; bamba: attention in layer 1 of 2 (a
 # hybrid: its attention's KV cache projected, its SSM's state kept)
-@pytest.mark.parametrize("model_type", [*(t for t in ATTENTION_TYPES if t != "deepseek_v3"),
+@pytest.mark.parametrize("model_type", [*(t for t in ATTENTION_TYPES if t not in MLA_TYPES),
                                         "falcon_h1", "bamba"])
 def test_compress_runs_on_each_type(saved, text_file, model_type):
     doc = compress_hf(saved(model_type), text_file, text_file,
