@@ -16,6 +16,8 @@
     channels.py    ConvCall (a gated short convolution) and RecurrenceCall (a diagonal
                    linear recurrence): mixers whose heads are channels
     lightning.py   LightningCall: linear attention under a per-head decay
+    differential.py DifferentialCall: differential attention, a softmax's heads combined
+                   in pairs into signed mixing M = P1 - lambda P2
 
 Those linear mixers' math is budgets/mixing/'s; each call also rebuilds what its module
 returned from M (`readout`), so that tests check M against the module itself.
