@@ -142,10 +142,17 @@ def load_model(model_dir, dtype: str = "float32") -> tuple[nn.Module, object | N
 
 
 def causal_lm_type(transformers, model_type: str, where) -> None:
-    """A clear error unless transformers has a causal LM class for `model_type`."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """A clear error unless transformers has a causal LM class for `model_type`: its own,
+    or one registered with AutoModelForCausalLM (rankzoo's own, zoo/hf/)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    )
 
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    registered = (model_type in CONFIG_MAPPING
+                  and CONFIG_MAPPING[model_type] in MODEL_FOR_CAUSAL_LM_MAPPING)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not registered:
         raise ValueError(f"{where}: model_type {model_type!r} is not supported: transformers "
                          f"{transformers.__version__} has no causal LM of that type")
 

@@ -20,10 +20,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import budgets
 import zoo
 from budgets.hf.geometry import Geometry
 from budgets.hf.probe import ProbeProgress, probe_hf_model
 from budgets.probe.blocks import MATFREE_FROM
+from budgets.probe.selector import short_probe_note
 from budgets.rank.eigen import eigensolver_text, measuring
 
 from .model_dir import (
@@ -147,9 +149,10 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     where = next(model.parameters()).device
     # on busy cores torch's own OpenMP team collapses as LAPACK's did: one thread there
     with quiet(import_transformers()), measuring(where) as threads:
-        probe, loss = probe_hf_model(model, batch.to(where), eps, with_spectra,
-                                     layers=layers, matfree_from=matfree_from, k_max=k_max,
-                                     progress=progress)
+        probe_of = probe_zoo_model if budgets.probeable_blocks(model) else probe_hf_model
+        probe, loss = probe_of(model, batch.to(where), eps, with_spectra,
+                               layers=layers, matfree_from=matfree_from, k_max=k_max,
+                               progress=progress)
     source = {"hf": str(model_dir), "model_type": g.model_type, "text": str(text),
               "tokens": "tokenizer" if tokenizer is not None else "bytes % vocab_size",
               "probe_size": probe_size, "seq_len": seq_len, "device": str(where),
@@ -168,6 +171,24 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     return model_dir.resolve().name or g.model_type, entry
 
 
+def probe_zoo_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: bool = False,
+                    *, layers: list[int] | None = None, matfree_from: int | None = MATFREE_FROM,
+                    k_max: int = 256, progress: Callable[[ProbeProgress], None] | None = None
+                    ) -> tuple[dict, float]:
+    """probe_hf_model's answer for a model whose mixers are zoo blocks (a variant that
+    `rankzoo export` wrote): the blocks' own probe methods, as `rankzoo train` measures a
+    run, so every layer is read (recurrent ones too) with the run's own figures."""
+    if layers is not None:
+        raise ValueError(f"--layers {','.join(map(str, layers))}: a rankzoo model is "
+                         "measured whole, every layer through its block's probe methods")
+    probe = budgets.probe_model(model, ids, eps, with_spectra, matfree_from=matfree_from,
+                                k_max=k_max, progress=progress)
+    with torch.no_grad():
+        logits = model(ids).logits.float()  # [B, T, vocab]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    return probe, float(loss)
+
+
 def measured_layers(probe: dict) -> list[int]:
     """The decoder layers (the model's numbers) with a measured mixer, each once: a layer
     of two mixers (falcon_h1's attention and SSM) is one layer."""
@@ -176,7 +197,7 @@ def measured_layers(probe: dict) -> list[int]:
 
 def probe_notes(probe: dict, dtype: str, n_layers: int) -> list[str]:
     """What the user should know about how the probe measured: a subset of layers, a
-    half-precision forward pass, the matrix-free mode."""
+    half-precision forward pass, the matrix-free mode, a top-k selection that cannot bite."""
     notes, measured = [], measured_layers(probe)
     if len(measured) < n_layers:
         notes.append(f"measured {len(measured)} of the model's {n_layers} layers: "
@@ -189,6 +210,9 @@ def probe_notes(probe: dict, dtype: str, n_layers: int) -> list[str]:
         notes.append(f"attention measured matrix-free (probe length {probe['seq_len']} >= "
                      f"{m['from']}): rank_eps decided up to {m['k_max']} values, erank only "
                      f"where those hold the whole spectrum")
+    short = short_probe_note(probe)  # DSA probed at T <= index_topk
+    if short is not None:
+        notes.append(short)
     return notes
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import budgets
 import zoo  # noqa: F401  (the Auto classes learn model_type "rankzoo")
 from tests.train.conftest import tiny_experiment, write_run
 from train.cli import main
@@ -214,7 +215,7 @@ def test_lm_eval_accuracy_equals_the_models_own_log_probs(tmp_path, capsys):
     raw = tiny_experiment(data={"task": "text", "paths": [str(text)], "tokenizer": str(tok),
                                 "vocab_size": None, "num_kv_pairs": None},
                           model={"d_model": 16, "n_layers": 2},
-                          variants={"hybrid": VARIANTS["ssm_attention"]})
+                          variants={"mha": None, "hybrid": VARIANTS["ssm_attention"]})
     vdir = make_run(tmp_path / "runs", raw) / "hybrid"
     model_dir = Path(export_variant(vdir, tmp_path / "hf", max_len=MAX_LEN)["out"])
     assert (model_dir / "tokenizer.json").is_file()
@@ -226,3 +227,38 @@ def test_lm_eval_accuracy_equals_the_models_own_log_probs(tmp_path, capsys):
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     assert acc == pytest.approx(own_accuracy(load(model_dir), tokenizer), abs=1e-9)
     assert json.loads((vdir / "eval.json").read_text())["tasks"]["tiny_mc"]["acc"] == acc
+
+
+# ---------------------------------------------------------------- report --hf
+
+def figures(layer: dict) -> dict:
+    """A report layer's figures: every axis's declared and realized ranks, the centered
+    eranks (the --hf report adds per-head eranks the run's does not keep)."""
+    return {"axes": [{k: a[k] for k in ("quantity", "declared", "realized_mean", "per_head")}
+                     for a in layer["axes"]],
+            **{k: v for k, v in layer.items() if k.endswith("_erank")}}
+
+
+def test_report_hf_reads_every_layer_as_the_runs_report(tmp_path, capsys):
+    raw = tiny_experiment(model={"d_model": 16, "n_layers": 2},
+                          variants={"mha": None, "hybrid": VARIANTS["ssm_attention"]})
+    exp_dir = make_run(tmp_path / "runs", raw)
+    vdir = exp_dir / "hybrid"
+    lm, _, _ = trained_lm(vdir)
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5))
+    # the run's report on these tokens, as training records its probe of the checkpoint
+    probe = budgets.probe_model(lm, tokens, eps=0.1)
+    entry = {"probe": probe, "step": 6, "params": lm.param_count(), "metrics": {}}
+    (vdir / "ranks.jsonl").write_text(json.dumps({"step": 6, **probe}) + "\n")
+    (vdir / "report.json").write_text(budgets.to_json(budgets.build_report(
+        {"hybrid": entry}, experiment="tiny")) + "\n")
+    model_dir = export_variant(vdir, tmp_path / "hf")["out"]
+    text = tmp_path / "tokens.txt"  # bytes whose values modulo the vocabulary are the tokens
+    text.write_bytes(bytes((64 + tokens.flatten()).tolist()))
+    assert main(["report", str(exp_dir), "--format", "json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["variants"]
+    assert main(["report", "--hf", model_dir, "--text", str(text), "--seq-len", "16",
+                 "--probe-size", "2", "--no-bos", "--format", "json"]) == 0
+    (hf,) = json.loads(capsys.readouterr().out)["variants"]
+    assert len(hf["layers"]) == 2 and [ly["block"] for ly in hf["layers"]] == ["ssm", "softmax"]
+    assert [figures(ly) for ly in hf["layers"]] == [figures(ly) for ly in run["layers"]]
