@@ -4,6 +4,7 @@
                    window, soft-cap, sinks) and the P V engine that answers it (attend,
                    probabilities, row_blocks), a block of query rows at a time
     rope.py        keys and queries before RoPE, from the modeling module's rotary function
+    masks.py       what a mask lets each query see: causal, a window of W, chunks of C
     out_proj.py    W_O: the linear whose input is the attention output (projection_weight)
     running.py     the stack of running modules (which module made a function call) and
                    the wrapper of a modeling module's own functions for the duration

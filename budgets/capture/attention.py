@@ -5,7 +5,8 @@
 
 A source (transformers' attention interface, an SDPA call of any model code) hands each
 layer's queries [B, H, T, K], keys [B, G, T, K] and values [B, G, T, V] after their norms
-and RoPE, with the mask, scaling, window, logit soft-cap and sink logits it attends under.
+and RoPE, with the mask, scaling, window, attention chunks (read from the mask:
+budgets/capture/masks.py), logit soft-cap and sink logits it attends under.
 attend computes
 
     P = softmax(softcap(q k^T * scaling) + mask  [, sink column dropped after])   # [B, H, T, T]
@@ -41,11 +42,13 @@ class AttentionCall:
     value: torch.Tensor  # [B, G, T, V]
     scaling: float
     window: int | None = None  # keys s > t - W seen by query t (the query included)
+    chunk: int | None = None  # keys of query t's own chunk of C tokens (s // C == t // C)
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # [H] sink logits, a column no value reads
     mask: torch.Tensor | None = None  # [B, 1, T, T] additive or boolean; None: causal
     query_pre: torch.Tensor | None = None  # [B, H, T, K] before RoPE (None: no RoPE seen)
     key_pre: torch.Tensor | None = None  # [B, G, T, K]
+    rotated: bool = False  # a rotary function ran for this call (its keys recovered or not)
     probs: torch.Tensor | None = None  # [B, H, T, T], when the caller keeps it
     output: torch.Tensor | None = None  # [B, T, H, V] what the layer's W_O reads
     out_proj: nn.Module | None = field(default=None, repr=False)  # the module holding W_O
@@ -60,13 +63,19 @@ class AttentionCall:
     kind_name = "attention"
 
     def kind(self, moe: bool) -> dict:
-        """Sliding window W or global; RoPE or not; soft-capped logits; sinks; experts."""
-        kind = {"attention": "sliding" if self.window else "global", "window": self.window,
-                "rope": self.rope, "softcap": self.softcap, "sinks": self.sinks is not None,
-                "moe": moe}
-        # no RoPE: NoPE layers, or learned absolute positions added before the first layer
-        kind["label"] = (f"sliding W={self.window}" if self.window else "global") + (
-            "" if self.rope else " no RoPE")
+        """Sliding window W, chunks of C or global; RoPE (its keys before it recovered or
+        not) or none; soft-capped logits; sinks; experts."""
+        attention = "chunked" if self.chunk else "sliding" if self.window else "global"
+        kind = {"attention": attention, "window": self.window, "chunk": self.chunk,
+                "rope": self.rope or self.rotated, "softcap": self.softcap,
+                "sinks": self.sinks is not None, "moe": moe}
+        shape = " ".join([f"sliding W={self.window}"] * bool(self.window)
+                         + [f"chunked C={self.chunk}"] * bool(self.chunk)) or "global"
+        # no RoPE: no rotary function ran (NoPE layers, or learned absolute positions added
+        # before the first layer); one ran whose output is not found in the keys: said so
+        rope = "" if self.rope else (" RoPE (keys before rotation not recovered)"
+                                     if self.rotated else " no RoPE")
+        kind["label"] = shape + rope
         if self.selection is not None:  # each query attends to the indexer's top k keys
             kind["topk"] = self.selection.topk
             kind["label"] = kind["label"].replace("global", f"dsa top-k {self.selection.topk}")
@@ -81,7 +90,7 @@ class AttentionCall:
                              f"exactly only, not matrix-free (matfree_from=None, or a probe "
                              f"length below matfree_from)")
         return AttentionMixing(self.query, self.key, self.scaling, self.window, self.softcap,
-                               self.sinks)
+                               self.sinks, chunk=self.chunk)
 
     def caps(self, seq_len: int, d_model: int, params: int, block: str) -> RankBudget:
         """The caps zoo's softmax / sliding_window blocks declare for this shape."""
@@ -89,7 +98,8 @@ class AttentionCall:
         if self.selection is not None:  # the sparse family's caps
             return self.selection.caps(block, seq_len, d_model, H, G, K, params)
         return attention_budget(block, seq_len, n_heads=H, n_kv_heads=G, head_dim=K,
-                                d_model=d_model, window=self.window, params=params)
+                                d_model=d_model, window=self.window, params=params,
+                                chunk=self.chunk)
 
     def release(self) -> None:
         """Measured: the tensors go, the call (its module, kind, output projection) stays."""
@@ -101,7 +111,7 @@ class AttentionCall:
 
 def _mask_rows(call: AttentionCall, rows: slice, Tk: int) -> torch.Tensor | None:
     """The additive mask of query rows `rows` [B or 1, 1, r, Tk], built causal (and
-    windowed) when the model passed none."""
+    windowed, chunked) when the model passed none."""
     if call.mask is not None:
         m = call.mask[:, :, rows, :Tk]
         if m.dtype == torch.bool:  # SDPA's convention: True where a key is seen
@@ -114,6 +124,8 @@ def _mask_rows(call: AttentionCall, rows: slice, Tk: int) -> torch.Tensor | None
     hidden = s > t
     if call.window is not None:
         hidden |= s <= t - call.window
+    if call.chunk is not None:
+        hidden |= s < t // call.chunk * call.chunk
     return torch.zeros(hidden.shape, dtype=call.query.dtype, device=hidden.device).masked_fill(
         hidden, torch.finfo(call.query.dtype).min)[None, None]  # [1, 1, r, Tk]
 
@@ -164,7 +176,7 @@ def attend(call: AttentionCall, keep_probs: bool, fused: bool = False) -> torch.
 
 def _sdpa_serves(call: AttentionCall) -> bool:
     square = call.query.shape[-2] == call.key.shape[-2]
-    causal = call.mask is not None or (call.window is None and square)
+    causal = call.mask is not None or (call.window is None and call.chunk is None and square)
     return call.softcap is None and call.sinks is None and causal
 
 

@@ -34,6 +34,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .attention import AttentionCall, probabilities, row_blocks
+from .masks import HIDDEN, mask_band
 from .rope import before_rope, rotary_recorded
 from .running import running
 
@@ -42,9 +43,6 @@ SDPA = F.scaled_dot_product_attention
 FLEX = getattr(getattr(torch.ops, "higher_order", None), "flex_attention", None)
 SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
              "enable_gqa")
-# an additive mask entry at or below this hides its key: exp(-1e4) is no weight in any
-# dtype (code writes -inf, the dtype's min, -1e30 or -1e4 for "masked")
-HIDDEN = -1e4
 
 
 @dataclass
@@ -138,9 +136,12 @@ class _SdpaMode(TorchFunctionMode):
         mask = None if why else _as_mask(got["attn_mask"], q.shape[-2], k.shape[-2],
                                           bool(got.get("is_causal", False)))
         why = why or (mask if isinstance(mask, str) else None)
-        if not why and self.matfree and isinstance(mask, torch.Tensor):
-            why = ("a mask other than causal or a window: measured exactly only, below "
-                   "the matrix-free length")
+        # chunks of C written out as a mask (llama4's local layers): read as such
+        band = mask_band(mask, q.shape[-2]) if isinstance(mask, torch.Tensor) else None
+        chunk = band.chunk if band is not None else None
+        if not why and self.matfree and isinstance(mask, torch.Tensor) and chunk is None:
+            why = ("a mask other than causal, a window or chunks: measured exactly only, "
+                   "below the matrix-free length")
         if why:
             self.cap.unread.append(f"{where}: {why}")
             return
@@ -149,10 +150,12 @@ class _SdpaMode(TorchFunctionMode):
         call = AttentionCall(module, q.detach(), k, v,
                              q.shape[-1] ** -0.5 if scale is None else float(scale),
                              window=mask or None if isinstance(mask, int) else None,
+                             chunk=chunk,
                              mask=mask.detach() if isinstance(mask, torch.Tensor) else None)
         if self.rotations:  # keys and queries before RoPE, where a rotary function ran
             call.query_pre = before_rope(call.query, self.rotations)
             call.key_pre = before_rope(call.key, self.rotations)
+            call.rotated = True
             self.rotations.clear()
         call.output = out.detach().transpose(1, 2)  # [B, T, H, V], as W_O reads it
         if self.keep_probs:

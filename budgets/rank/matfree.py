@@ -12,7 +12,8 @@ forming a [T, T] tensor (docs/METRICS.md, "Matrix-free mode"):
   norm and column sums, and `take(idx)`: the same operator on some of its (flattened)
   batch entries, so that the solver drops the heads it has settled.
 - `AttentionOperator`: the block P[r0:r1, c0:c1] of causal softmax attention, a chunk of
-  query rows at a time; a chunk spans only the keys its rows see (s <= t, s > t - window),
+  query rows at a time; a chunk spans only the keys its rows see (s <= t, s > t - window,
+  s in t's own attention chunk of C tokens: Llama 4's chunked layers),
   so the whole causal matrix costs its lower triangle, and holds at most CHUNK_ELEMENTS
   scores, so memory stays flat in T. `CenteredOperator` subtracts the mean row.
 - `operator_metrics`: the top eigenvalues of A^T A by thick-restart block Lanczos
@@ -80,7 +81,8 @@ class Operator:
 
 class AttentionOperator(Operator):
     """The block P[r0:r1, c0:c1] of causal softmax attention P = softmax(q k^T * scale)
-    (keys s <= t, and s > t - window when a window is set), for q, k [*batch, T, K];
+    (keys s <= t, and s > t - window when a window is set, s >= t // C * C with attention
+    chunks of C tokens), for q, k [*batch, T, K];
     sink logits [H] (the last batch dim is the head) join each row's normalizer only.
 
     One pass computes each row's log-sum-exp over every key it sees (the normalizer needs
@@ -92,13 +94,14 @@ class AttentionOperator(Operator):
                  window: int | None = None, rows: tuple[int, int] | None = None,
                  cols: tuple[int, int] | None = None, softcap: float | None = None,
                  sinks: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                 blocks: tuple = ()):
+                 blocks: tuple = (), chunk: int | None = None):
         T, K = q.shape[-2], q.shape[-1]
         self.batch, self.dtype, self.device = tuple(q.shape[:-2]), torch.float32, q.device
         N = math.prod(self.batch)
         self.q = (q.float() * float(scale)).reshape(N, T, K)  # scaled once, not per chunk
         self.k = k.float().reshape(N, T, K)
         self.scale, self.window, self.softcap, self.T = float(scale), window, softcap, T
+        self.attn_chunk = chunk  # C: a query sees the keys of its own chunk alone
         self.sinks = None if sinks is None else (
             sinks.float().expand(self.batch).reshape(N, 1))  # [N, 1]: the head's sink logit
         self.rows, self.cols = rows or (0, T), cols or (0, T)
@@ -116,7 +119,9 @@ class AttentionOperator(Operator):
     # ------------------------------------------------------------ chunks and scores
 
     def _first_key(self, t: int, c0: int) -> int:
-        return c0 if self.window is None else max(c0, t - self.window + 1)
+        first = c0 if self.window is None else max(c0, t - self.window + 1)
+        C = self.attn_chunk
+        return first if C is None else max(first, t // C * C)
 
     def _plan_for(self, cols: tuple[int, int]) -> list[tuple[int, int, int, int]]:
         """(t0, t1, lo, hi) per chunk of the rows: the keys [lo, hi) of cols its rows see."""
@@ -125,6 +130,8 @@ class AttentionOperator(Operator):
         while t0 < r1:
             lo = self._first_key(t0, c0)
             t1 = min(r1, t0 + rows_fitting(t0, lo, c1, budget))
+            if self.attn_chunk is not None:  # rows within one attention chunk: they share
+                t1 = min(t1, (t0 // self.attn_chunk + 1) * self.attn_chunk)  # a first key
             hi = min(c1, t1)
             if hi > lo:
                 out.append((t0, t1, lo, hi))
@@ -301,6 +308,8 @@ class AttentionOperator(Operator):
         seen = (keys >= 0) & (keys <= t)
         if self.window is not None:
             seen &= keys > t - self.window
+        if self.attn_chunk is not None:
+            seen &= keys >= t // self.attn_chunk * self.attn_chunk
         return torch.exp(S.masked_fill(~seen, -math.inf) - self._lse).reshape(*self.batch, -1)
 
 
@@ -385,6 +394,7 @@ class AttentionMixing:
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # [H] sink logits (gpt-oss)
     lse: torch.Tensor | None = field(default=None, repr=False)  # [B, H, T], once known
+    chunk: int | None = None  # C: attention chunks of C tokens (keys of the query's own)
 
     def __post_init__(self) -> None:
         H, G = self.q.shape[-3], self.k.shape[-3]
@@ -397,7 +407,7 @@ class AttentionMixing:
         r0, r1 = rows or (0, T)
         lse = None if self.lse is None else self.lse[..., r0:r1]
         op = AttentionOperator(self.q, self.k, self.scale, self.window, rows, cols,
-                               self.softcap, self.sinks, lse, blocks)
+                               self.softcap, self.sinks, lse, blocks, self.chunk)
         if self.lse is None and (r0, r1) == (0, T):
             self.lse = op.row_lse()
         return op
@@ -421,7 +431,7 @@ class AttentionMixing:
         """The mixing of the first t tokens: causal, so the top-left t x t corner."""
         return AttentionMixing(self.q[..., :t, :], self.k[..., :t, :], self.scale,
                                self.window, self.softcap, self.sinks,
-                               None if self.lse is None else self.lse[..., :t])
+                               None if self.lse is None else self.lse[..., :t], self.chunk)
 
 
 def block_metrics(block: Operator | LowRank, eps: float, k_max: int = K_MAX
