@@ -3,11 +3,12 @@
     rows, caps = cache_rows(call, latent, eps)     # {"inference.k": ..., ...}, cap overrides
 
 A layer with per-head keys and values caches them: inference.k and inference.v, joint over
-KV heads [B, T, G*K], a windowed layer's last W - 1 tokens. A multi-head latent attention
-layer (deepseek_v3) caches something else: the latent c [B, T, R] (kv_a_proj's output
-after kv_a_layernorm, the input of the linear expanding it into per-head keys and values)
-and the shared rotary key k_r [B, T, dr]. Its rows are then inference.latent and
-inference.rope_key, capped by min(T, R + dr) as zoo's mla block declares (zoo/mla.py).
+KV heads [B, T, G*K], a windowed layer's last W - 1 tokens, a chunked layer's last chunk's.
+A multi-head latent attention layer (deepseek_v3) caches something else: the latent
+c [B, T, R] (kv_a_proj's output after kv_a_layernorm, the input of the linear expanding it
+into per-head keys and values) and the shared rotary key k_r [B, T, dr]. Its rows are then
+inference.latent and inference.rope_key, capped by min(T, R + dr) as zoo's mla block
+declares (zoo/mla.py).
 The expanding linear is found by budgets/capture/projections.py; the probe catches its input
 (budgets/probe/inputs.py) during its forward pass. A DSA layer caches its indexer's keys
 [B, T, d_I] beside them: inference.index_key, d_I more elements per token, the inference cap
@@ -25,12 +26,16 @@ from ..capture.attention import AttentionCall
 from .blocks import matrix_figures
 
 
-def as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None):
+def as_cached(key: torch.Tensor, value: torch.Tensor, window: int | None,
+              chunk: int | None = None):
     """Keys and values [B, G, T, K] as the cache holds them after the prefill: a windowed
-    layer's cache keeps the last W - 1 (the next query brings the W-th)."""
-    if window is None:
-        return key, value
-    start = max(key.shape[-2] - max(window - 1, 1), 0)
+    layer's cache keeps the last W - 1 (the next query brings the W-th), a chunked layer's
+    the last query's chunk (the keys it saw: 1 to C, budgets.attention_budget's live keys)."""
+    T, start = key.shape[-2], 0
+    if window is not None:
+        start = max(T - max(window - 1, 1), 0)
+    if chunk is not None:
+        start = max(start, (T - 1) // chunk * chunk)
     return key[..., start:, :], value[..., start:, :]
 
 
@@ -76,7 +81,7 @@ def cache_rows(call: AttentionCall, latent: torch.Tensor | None, eps: float) -> 
     if latent is not None:
         rows = latent_rows(call, latent, eps)
     else:
-        k, v = as_cached(call.key, call.value, call.window)
+        k, v = as_cached(call.key, call.value, call.window, call.chunk)
         rows = {"inference.k": matrix_figures(joint(k), eps, batch_dims=1),
                 "inference.v": matrix_figures(joint(v), eps, batch_dims=1)}
     keys = call.selection.keys if call.selection is not None else None

@@ -52,9 +52,9 @@ def attention_entry(p: CallProbe, i: int, layer: LayerMap, mixing: dict, x: torc
                  call: AttentionCall, streams: dict, extras: dict, moe: bool) -> dict:
     """An attention layer's entry: its keys and values per KV head as cached, its
     projections' and cache's rows (the latent's, for an MLA layer), its caps."""
-    k, v = as_cached(call.key, call.value, call.window)
+    k, v = as_cached(call.key, call.value, call.window, call.chunk)
     heads = {"k": k, "v": v}
-    if call.key_pre is not None:  # the tokens the cache keeps (a window's last W - 1)
+    if call.key_pre is not None:  # the tokens the cache keeps (a window's last W - 1, a chunk)
         heads["k_pre_rope"] = call.key_pre[..., call.key_pre.shape[-2] - k.shape[-2]:, :]
     extras["kv_heads"] = kv_head_figures(heads, p.eps)
     extras["kind"] = call.kind(moe)
