@@ -15,7 +15,10 @@ otherwise report layer numbers that name other layers.
 A decoder layer is an item of an nn.ModuleList (residual_owner's rule). A module shared
 by several layers (zamba's one attention block) has one path but runs in each: the layer
 running at its call, watched by forward hooks on the lists' items, is its layer, and its
-path under that layer is its name there.
+path under that layer is its name there. A mixer that is itself an item of a list inside a
+decoder layer (longcat_flash's two MLA sublayers, `model.layers.0.self_attn.1`) is numbered
+as its model numbers it, by its `layer_idx`: the count the config's num_hidden_layers and
+the cache keep (2 per decoder layer there), so each sublayer has a number of its own.
 """
 
 from __future__ import annotations
@@ -82,6 +85,16 @@ def _layer_list(model: nn.Module, name: str) -> nn.ModuleList | None:
     return None if owner is None else model.get_submodule(owner.rpartition(".")[0])
 
 
+def _sublayer_number(model: nn.Module, name: str, module: nn.Module) -> int | None:
+    """The `layer_idx` of a mixer that is an item of a list inside another list's item
+    (sublayers of a decoder layer), else None."""
+    number = getattr(module, "layer_idx", None)
+    if residual_owner(model, name) != name or not isinstance(number, int):
+        return None
+    inside = name.rpartition(".")[0]  # the sublayers' list
+    return number if residual_owner(model, inside) is not None else None
+
+
 def _running_in(running: Running, layers: nn.ModuleList | None) -> int | None:
     """The item of `layers` running at a call (else the innermost item running)."""
     for owner, i in reversed(running):
@@ -115,6 +128,10 @@ def mixer_places(model: nn.Module, maps: list, at_call: list[Running] | None = N
     `mamba[1]`."""
     found = []
     for j, m in enumerate(maps):
+        own = _sublayer_number(model, m.name, m.module)
+        if own is not None:
+            found.append(Place(own, m.name))
+            continue
         seen = None if at_call is None else _running_in(at_call[j],
                                                         _layer_list(model, m.name))
         number = seen if seen is not None else layer_number(model, m.name)

@@ -15,8 +15,8 @@ KIND_QUANTITIES = (("past_future", "past->future"), ("qk", "qk"),
                    ("inference.k", "cache K"), ("inference.v", "cache V"),
                    ("inference.state", "state"), ("inference.latent", "latent"))
 LEGEND = ("cap = what the kind declares (a window's past->future cap is W - 1, as zoo's "
-          "sliding_window block declares; a global layer's T / 2, as softmax's; an SSM's "
-          "state N)")
+          "sliding_window block declares; a global layer's T / 2, as softmax's; chunks of C "
+          "what of one chunk crosses T / 2, 0 at a chunk boundary; an SSM's state N)")
 
 
 def _ranges(layers: list[int]) -> str:

@@ -25,10 +25,10 @@ THRESHOLDS = {
 
 
 # the layers whose mixing is a causal softmax: the zoo's attention blocks, and the layers
-# a Hugging Face report names global or sliding (its other kinds are recurrences and scans,
-# whose M can be singular)
+# a Hugging Face report names global, sliding or chunked (its other kinds are recurrences
+# and scans, whose M can be singular)
 SOFTMAX_BLOCKS = ("softmax", "sliding_window", "mla", "moe")
-SOFTMAX_KINDS = ("global", "sliding")
+SOFTMAX_KINDS = ("global", "sliding", "chunked")
 
 
 def is_softmax(layer: dict) -> bool:

@@ -44,7 +44,7 @@ from ...config.sections import MAX_LAYERS
 from ...hf import zoo_blocks
 from ...sizing.costs import block_cost
 from ..pick.emit import check_target, experiment_name, experiment_sections, write_experiment
-from .pattern import LayerKind, decoder_kinds, runs_text, unit_length
+from .pattern import LayerKind, decoder_kinds, ranges, runs_text, unit_length
 
 PATTERN = "pattern"  # the hybrid variant's name; its uniform counterparts take their kind's
 # a sub-block's name by its attention kind (a second kind of the same attention: local_2)
@@ -113,6 +113,7 @@ def mirror_experiment(entry: dict[str, Any], sizes: MirrorSizes, name: str) -> M
     variant per kind of its unit, the one with the most parameters first."""
     layers = decoder_kinds(entry)
     model = entry["source"]["model_type"]
+    refuse_unmirrored(layers, model)
     p = unit_length([k.label for k in layers])
     unit = layers[:p]
     n_layers, notes = layer_count(sizes.n_layers, unit, len(layers), model)
@@ -175,6 +176,22 @@ def sub_block_names(unit: list[LayerKind]) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- one kind -> one block
+
+def refuse_unmirrored(layers: list[LayerKind], model: str) -> None:
+    """A ValueError naming, in one line, every kind no zoo block mirrors (chunked
+    attention, short convolutions, ...) with its layers, rather than a nearest block."""
+    blocks, missing = zoo_blocks(), {}
+    for k in layers:
+        if k.kind["attention"] not in blocks:
+            missing.setdefault(k.label, []).append(k.layer)
+    if missing:
+        what = "; ".join(f"layer{'s' if len(at) > 1 else ''} {ranges(at)} ({label!r})"
+                         for label, at in missing.items())
+        several = len(missing) > 1 or len(next(iter(missing.values()))) > 1
+        raise ValueError(f"--emit: {model}'s {what} {'are' if several else 'is'} of a kind "
+                         f"no zoo block mirrors yet (they mirror {sorted(blocks)}); nothing "
+                         f"was written")
+
 
 def mirrored_block(k: LayerKind, sizes: MirrorSizes, model: str
                    ) -> tuple[dict[str, Any], str, list[str]]:
