@@ -157,7 +157,7 @@ def test_a_window_not_below_the_length_is_refused_naming_it(entry):
 
 
 @pytest.mark.parametrize("key, match", [
-    ("lfm2", r"layer 0 \('short conv L=3'\) is of a kind no zoo block mirrors"),
+    ("lfm2", r"layers 0, 2 \('short conv L=3'\) are of a kind no zoo block mirrors"),
     ("falcon_h1", r"decoder layer 0 mixes by 2 mixers"),  # attention beside its SSM
 ])
 def test_what_a_zoo_layer_cannot_be_is_refused(entry, key, match):
