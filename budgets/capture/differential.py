@@ -49,8 +49,8 @@ class DifferentialCall(AttentionCall):
         lam = [float(x) for x in self.lam]
         kind["attention"] = "differential"
         kind["lambda"] = lam[0] if len(set(lam)) == 1 else lam
-        kind["label"] = "differential" + (f" sliding W={self.window}" if self.window else "") \
-            + ("" if self.rope else " no RoPE")
+        # "differential", "differential sliding W=8", "differential no RoPE", ...
+        kind["label"] = " ".join(["differential", *kind["label"].removeprefix("global").split()])
         return kind
 
     def exact(self) -> torch.Tensor:
@@ -73,7 +73,8 @@ class DifferentialCall(AttentionCall):
     def caps(self, seq_len: int, d_model: int, params: int, block: str) -> RankBudget:
         H, G, K = self.query.shape[1], self.key.shape[1], self.key.shape[-1]
         return differential_budget(block, seq_len, n_heads=H, n_kv_heads=G, head_dim=K,
-                                   d_model=d_model, window=self.window, params=params)
+                                   d_model=d_model, window=self.window, params=params,
+                                   chunk=self.chunk)
 
     def release(self) -> None:
         super().release()

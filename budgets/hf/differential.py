@@ -21,6 +21,8 @@ refused in one line. A module is recognized by the attributes it computes lambda
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 from torch import nn
 
@@ -69,12 +71,13 @@ def differential_call(first: AttentionCall, second: AttentionCall) -> Differenti
     def norm(d: torch.Tensor) -> torch.Tensor:  # what W_O reads, from the difference
         return (1 - m.lambda_init) * m.groupnorm(d)
 
+    # the first call's fields (queries, keys, mask, window, RoPE, P where kept), but for
+    # the layer's values as cached [B, G, T, V] and what its W_O reads (its input, found by
+    # out_projections: budgets/capture/out_proj.py)
+    shared = {f.name: getattr(first, f.name) for f in fields(AttentionCall)}
+    shared.update(value=torch.cat([v1[:, :half], v2[:, :half]], dim=1), output=norm(mixed))
     return DifferentialCall(
-        m, q, k, torch.cat([v1[:, :half], v2[:, :half]], dim=1),  # [B, G, T, V] as cached
-        first.scaling, window=first.window, softcap=first.softcap, sinks=first.sinks,
-        mask=first.mask, query_pre=first.query_pre, key_pre=first.key_pre, probs=first.probs,
-        # what W_O reads: its input, found by out_projections (budgets/capture/out_proj.py)
-        output=norm(mixed), lam=lam.expand(H // 2).clone(),
+        **shared, lam=lam.expand(H // 2).clone(),
         # output head j reads KV head j // (H / G) of v1 and of v2, side by side
         pair_values=torch.cat([v1, v2], dim=-1).repeat_interleave(H // G, dim=1)[:, :H // 2],
         mixed=mixed, norm=norm)
