@@ -59,14 +59,16 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     """a == b up to the resolution of `dtype` (the model's), relative to b's largest entry."""
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     rtol = TOLERANCE_EPS * max(eps, torch.finfo(torch.float32).eps)
+    a, b = a.detach().double(), b.detach().double()
     scale = float(b.abs().max()) if b.numel() else 0.0
-    return torch.allclose(a.double(), b.double(), rtol=rtol, atol=rtol * scale)
+    return torch.allclose(a, b, rtol=rtol, atol=rtol * scale)
 
 
 def _scaled(part: torch.Tensor, rotated: torch.Tensor) -> bool:
     """part = c * rotated, one factor c >= 0 per row (1 where they are equal)."""
     if torch.equal(part, rotated):
         return True
+    part, rotated = part.detach(), rotated.detach()
     norm = torch.linalg.vector_norm(rotated.double(), dim=-1, keepdim=True)
     c = torch.linalg.vector_norm(part.double(), dim=-1, keepdim=True) / norm.clamp_min(1e-300)
     return _close(part, rotated.double() * c, part.dtype)
@@ -81,7 +83,7 @@ def _column_order(before: torch.Tensor, rotated: torch.Tensor) -> torch.Tensor |
     """idx [r]: output column j of the rotation is input column idx[j], read from the
     first token (position 0, no angle); None where that row does not say, or where the
     rotation does not scale every row's norm alike (then it is no rotation)."""
-    b, a = before.double(), rotated.double()
+    b, a = before.detach().double(), rotated.detach().double()
     nb = torch.linalg.vector_norm(b, dim=-1).flatten()
     na = torch.linalg.vector_norm(a, dim=-1).flatten()
     live = nb > 0

@@ -178,7 +178,14 @@ class HFTarget:
             i = self.index[call.module]
             # every token's keys and values, a window layer's too: the projection acts on
             # all of them in the prefill, not only on the W - 1 its cache keeps after it
-            acts[(i, "k")] = call.key_pre if self.keys is Keys.PRE_ROPE else call.key
+            pre = self.keys is Keys.PRE_ROPE
+            if pre and call.rotated and call.key_pre is None:
+                raise ValueError(f"{self.g.model_type} layer {i}: its keys are rotated, and "
+                                 f"their values before RoPE were not recovered; --keys "
+                                 f"post-rope compresses them as cached")
+            # a layer that does not rotate (llama4's NoPE layers) caches its keys as computed:
+            # they are its keys before RoPE too
+            acts[(i, "k")] = call.key_pre if pre and call.key_pre is not None else call.key
             acts[(i, "v")] = call.value
             if weights is not None:
                 weights.update(self.weights(i, call))
