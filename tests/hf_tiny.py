@@ -49,6 +49,23 @@ TINY = {
     # output head (4 softmax heads, 2 output heads of 2 x 16 value columns); lambda per layer
     # 0.16, -0.75, -1.09, 4.81: positive, negative and above 1
     "diffllama": dict(num_hidden_layers=4, lambda_std_dev=0.5),
+    # chunked attention (C = 16, from the mask alone: no keyword says so) on layers 0-2, NoPE
+    # on layer 3; RoPE by complex multiplication (freqs_cis) on [B, T, H, K], a weightless
+    # norm of each head after it; experts
+    "llama4_text": dict(num_hidden_layers=4, attention_chunk_size=16, no_rope_layer_interval=4,
+                        num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=128),
+    # RoPE one tensor at a time, apply_rotary_pos_emb(x, cos, sin) on [B, T, H, K], after the
+    # q/k norms; a window of 8 on layer 0, proportional RoPE (a quarter of the frequencies)
+    # on the global layer 1
+    "gemma4_text": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                        global_head_dim=K, hidden_size_per_layer_input=16,
+                        vocab_size_per_layer_input=VOCAB),
+    # MLA whose interleaved RoPE writes its output de-interleaved; two MLA sublayers in each
+    # of 2 decoder layers, numbered 0-3 as the model numbers them (layer_idx)
+    "longcat_flash": dict(num_hidden_layers=4, q_lora_rank=32, kv_lora_rank=16,
+                          qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+                          num_key_value_heads=H, n_routed_experts=4, moe_topk=2,
+                          zero_expert_num=2, expert_ffn_hidden_size=32, ffn_hidden_size=128),
     # Mamba-2 family: 8 SSD heads of 16 channels, state N = 16, chunks of 16 tokens
     "mamba2": dict(num_heads=8, head_dim=16, state_size=16, n_groups=1, expand=2,
                    chunk_size=16, num_attention_heads=None, num_key_value_heads=None),
@@ -126,7 +143,7 @@ SPECIAL = {
 SSM_TYPES = ("mamba2", "bamba", "falcon_h1", "mamba")
 ATTENTION_TYPES = tuple(t for t in TINY if t not in SSM_TYPES)
 # multi-head latent attention: values and keys expanded from a cached latent
-MLA_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+MLA_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "longcat_flash")
 DSA_TYPES = ("deepseek_v32", "glm_moe_dsa")  # an indexer's top-k selection
 
 

@@ -69,8 +69,8 @@ def test_report_runs_on_each_type(saved, text_file, model_type):
                  else {"inference.k", "inference.v"})  # MLA caches its latent
         assert {"past_future", "out", *cache} <= set(rows)
         assert ("qk" in rows) == ("not_measured" not in layer)
-        assert rows["past_future"]["declared"] == (
-            T // 2 if kind["window"] is None else kind["window"] - 1)
+        assert rows["past_future"]["declared"] == budgets.past_future_cap(
+            T, kind["window"], kind.get("chunk"))
     assert sum(len(k["layers"]) for k in report["kinds"]) == len(layers)
     assert "unmeasured_mixers" not in report  # every decoder layer's mixer was read
 
