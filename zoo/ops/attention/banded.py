@@ -72,4 +72,5 @@ def banded_sdpa(q, k, v, *, window: int, scale: float,
         k_slabs, v_slabs, gqa = expand_kv(k_slabs, H), expand_kv(v_slabs, H), False
     o = F.scaled_dot_product_attention(q_blocks, k_slabs, v_slabs, attn_mask=mask, scale=scale,
                                        enable_gqa=gqa)  # [B * nb, H, C, V]
-    return o.view(B, nb, H, C, V).transpose(1, 2).reshape(B, H, nb * C, V)[:, :, :T]
+    o = o[..., :V]  # [B * nb, H, C, V]: a sink's padding cut
+    return o.reshape(B, nb, H, C, V).transpose(1, 2).reshape(B, H, nb * C, V)[:, :, :T]

@@ -59,6 +59,7 @@ def sdpa_attention(q, k, v, *, window: int | None, scale: float, chunk: int | No
         is_causal = True  # top-left and bottom-right alignment agree when Tq = Tk
     elif window is not None or chunk is not None or q_len > 1 or sinks is not None:
         mask = band_mask(q_len, kv_len, window, q.device, chunk)  # never with is_causal
+    V = v.shape[-1]
     if sinks is not None:
         q, k, v = with_sink_key(q, k, v, sinks, scale)  # the sink is one more key
         mask = with_sink_column(mask)
@@ -66,5 +67,6 @@ def sdpa_attention(q, k, v, *, window: int | None, scale: float, chunk: int | No
     if gqa and mask is not None and q.is_cuda:
         # CUDA's masked kernels do not take unequal head counts and would fall to MATH.
         k, v, gqa = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1]), False
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                          scale=scale, enable_gqa=gqa)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                       scale=scale, enable_gqa=gqa)
+    return o[..., :V]  # [B, H, Tq, V]: the sink's padding cut
