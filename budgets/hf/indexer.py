@@ -9,11 +9,12 @@ keys and its k, so that the capture reads the selection an attention call receiv
 An indexer is a module whose class name ends in "Indexer" (DeepseekV32Indexer,
 GlmMoeDsaIndexer). Inside, each one's forward runs under a torch function mode that keeps
 the input and output of its top-k (the index scores [B, T, Tk], the keys it cannot see
-at -inf or the dtype's min; the chosen positions [B, T, k]), and, where the model hands it
-no cache (the probe's forward), receives a recorder as its cache: the indexer passes it
-its keys [B, Tk, d_I] as it would cache them (`update_indexer`), and gets them back
-unchanged. A layer that reuses an earlier layer's choice (glm_moe_dsa's "shared" layers)
-receives that layer's indices: the last run whose choice they equal names its indexer.
+at -inf or the dtype's min; the chosen positions [B, T, k]), and its cache (None in the
+probe's forward) is wrapped in a recorder: the indexer passes it its keys [B, Tk, d_I]
+(`update_indexer`) and gets back what the cache returns (the keys themselves without one),
+the recorder keeping them. A layer that reuses an earlier layer's choice (glm_moe_dsa's
+"shared" layers) receives that layer's indices: the last run whose choice they equal names
+its indexer.
 """
 
 from __future__ import annotations
@@ -42,15 +43,21 @@ class IndexerRun:
 
 
 class _KeyRecorder:
-    """Stands in for the model's cache in an indexer's forward: takes the keys it would
-    cache and hands them back unchanged."""
+    """Stands in for the model's cache (None: no cache) in an indexer's forward: records
+    the keys the cache gives back (all cached so far) or, without one, those it would
+    cache, handed back unchanged; anything else is asked of the cache itself."""
 
-    def __init__(self, run: IndexerRun):
-        self.run = run
+    def __init__(self, run: IndexerRun, cache):
+        self.run, self.cache = run, cache
 
     def update_indexer(self, keys: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        self.run.keys = keys.detach()
+        if self.cache is not None:
+            keys = self.cache.update_indexer(keys, layer_idx)
+        self.run.keys = keys.detach()  # [B, Tk, d_I]
         return keys
+
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)
 
 
 class _TopkMode(TorchFunctionMode):
@@ -68,8 +75,8 @@ class _TopkMode(TorchFunctionMode):
 def _watching(module: nn.Module, forward: Callable, latest: list[IndexerRun]) -> Callable:
     def watched(*args, **kwargs):
         run = IndexerRun(module)
-        if "cache" in kwargs and kwargs["cache"] is None:
-            kwargs["cache"] = _KeyRecorder(run)
+        if "cache" in kwargs:
+            kwargs["cache"] = _KeyRecorder(run, kwargs["cache"])
         with _TopkMode(run):
             out = forward(*args, **kwargs)
         latest[:] = [run]

@@ -12,10 +12,12 @@ keyword it dropped, a mask it misread) and whatever it measured is not the model
 attention: the probe refuses, and one more pair of forwards (only then) finds the first
 mixer whose output differs, watched by forward hooks (first_change), for the error to name.
 
-The tolerances: fp32 forwards of every tiny type agree to ~1e-6 in the loss (eager vs the
-capture's engine), bf16 ones to ~1e-3 (a different rounding order, experts routed on
-near-ties); a dropped top-k selection moves the loss of a tiny DSA model by ~1e-2 in
-fp32 and its logits by ~0.3.
+The tolerances, measured on every tiny type of tests/hf_tiny.py at 2 x 64 tokens: fp32
+forwards agree to 5e-7 in the loss (eager vs the capture's engine, both its exact and its
+SDPA path), bf16 ones to 4e-4 (rows attended in blocks round differently; experts routed
+on near-ties); the capture that dropped DSA's top-k selection moved the loss of the tiny
+DSA models by 5e-4 (glm_moe_dsa) and 6e-3 (deepseek_v32) in fp32, their logits by 0.31.
+A bf16 forward is checked at 1e-2, 25 x its tiny spread, for the spread of deep models.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import torch
 from torch import nn
 
 # |captured loss - uncaptured loss| allowed, per dtype of the forward (nats)
-LOSS_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2,
-                  torch.float16: 2e-2}
+LOSS_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 1e-2,
+                  torch.float16: 5e-3}
 # a mixer's output differs when max |captured - uncaptured| exceeds this share of the
 # uncaptured output's largest entry
 OUTPUT_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2,

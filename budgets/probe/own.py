@@ -15,7 +15,8 @@ kernel, or a mixer that is not attention), never dropped.
 
 `forward(model, tokens)` is how the model is called (default `model(tokens)`); its output
 may be the logits, a tuple whose first item is the logits (nanoGPT's (logits, loss)), or
-an object with `.logits`.
+an object with `.logits`. The captured forward's loss is checked against the model's own
+(budgets/probe/faithful.py): a capture that changed the model is refused.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..report.captured import captured_report
 from .blocks import MATFREE_FROM, final_hidden_metrics, output_head
 from .calls import CallProbe, probe_calls
 from .entries import attention_entry
+from .faithful import first_change, loss_check
 from .streams import MASSIVE_RATIO
 
 BUILDERS = {"attention": attention_entry}
@@ -124,6 +126,7 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
                       progress, massive_ratio)
         final, logits = probe_calls(p, lambda: logits_of(forward(model, tokens)), [source],
                                     output_head(model), matfree)
+        check = _loss_check(model, tokens, forward, logits, maps, matfree)
     probe = {"seq_len": T, "eps": float(eps), "batch_size": int(tokens.shape[0]),
              "layers": [p.layers[i] for i in p.wanted]}
     if final is not None:  # a model with a `head` or `lm_head`: its final hidden state
@@ -135,7 +138,26 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
     silent = _silent_layers(model, [m.name for m in maps])
     if silent:
         probe["unmeasured_mixers"] = silent
-    return probe, _next_token_loss(logits, tokens)
+    probe["loss_check"] = check
+    return probe, check["captured"]
+
+
+def _loss_check(model: nn.Module, tokens: torch.Tensor, forward, logits: torch.Tensor,
+                maps: list, matfree: bool) -> dict:
+    """The captured loss against the model's own on the same tokens (one more forward; the
+    calls' modules watched to name a change: budgets/probe/faithful.py)."""
+    def run_plain():
+        return logits_of(forward(model, tokens))
+
+    def run_captured():
+        with capture_sdpa(model, lambda call: None, keep_probs=not matfree, matfree=matfree):
+            return forward(model, tokens)
+
+    first = {m.module: m.name for m in reversed(maps)}  # a module once, its first name
+    dtype = next(model.parameters()).dtype
+    return loss_check(_next_token_loss(logits, tokens), _next_token_loss(run_plain(), tokens),
+                      dtype, lambda: first_change({n: m for m, n in first.items()}, run_plain,
+                                                  run_captured, dtype))
 
 
 def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:

@@ -89,3 +89,16 @@ def _per_head(x: torch.Tensor, rows: torch.Tensor) -> list[float]:
     """x [B, H, T] averaged over the batch and the rows where `rows` is True, per head."""
     w = rows.double()
     return [float(v) for v in ((x * w).sum((0, 2)) / w.sum((0, 2))).cpu()]
+
+
+def short_probe_note(probe: dict) -> str | None:
+    """The note for a probe too short for its layers' top-k selection to bite (T <= k:
+    every key a query sees is kept), or None."""
+    short = sorted({ly["indexer"]["topk"] for ly in probe["layers"]
+                    if "indexer" in ly and not ly["indexer"]["bites"]})
+    if not short:
+        return None
+    k = ", ".join(map(str, short))
+    return (f"probe length {probe['seq_len']} <= the indexer's top-k ({k}): every key a "
+            f"query can see is selected, so the selection cannot bite at that length and "
+            f"the layers read as dense attention; probe with --seq-len above {max(short)}")

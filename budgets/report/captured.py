@@ -37,7 +37,7 @@ def captured_report(name: str, entry: dict, experiment: str, thresholds=None,
         # matrix-free SSM layers have no whole-mixing figures: empty lists there
         eranks = {q: probed["quantities"].get(q, {}).get("erank", []) for q in ERANK_QUANTITIES}
         layer["erank"] = eranks  # per head (hidden_centered: one value per layer)
-        for key in ("kind", "not_measured", "indexer", "indexer", "signed"):
+        for key in ("kind", "not_measured", "indexer", "signed"):
             if key in probed:
                 layer[key] = probed[key]
     report["kinds"] = kind_summary(report["variants"][0]["layers"], zoo_blocks)

@@ -118,11 +118,12 @@ def only_with_hf(dest: str, value) -> str:
     return f"{flag(dest)} {value} only applies with --hf PATH"
 
 
-def check_plot_dir(out_dir: str) -> None:
-    """Refuse a non-empty --plot DIR before the slow part, not after it."""
+def check_plot_dir(out_dir: str, create: bool = True) -> None:
+    """Refuse a non-empty --plot DIR before the slow part, not after it; created now, or
+    (not `create`) by the writer that fills it, so that a refused probe leaves none."""
     from ..render.plots import prepare_dir  # matplotlib's module: only with --plot
 
-    prepare_dir(out_dir)
+    prepare_dir(out_dir, create)
 
 
 # ---------------------------------------------------------------- library errors as flags

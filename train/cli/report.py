@@ -323,8 +323,8 @@ def _report_hf(args, out: Console) -> int:
     from ..hf import zoo_blocks
     from ..render import hf_report_markdown
 
-    if args.plot:
-        check_plot_dir(args.plot)
+    if args.plot:  # write_probe_plots creates it: a refused probe writes nothing
+        check_plot_dir(args.plot, create=False)
     sizes = _mirror_sizes(args)  # None without --emit; checked before the probe
     name, entry = _probe_hf(args)
     report = build_hf_report(name, entry, zoo_blocks=zoo_blocks())

@@ -14,6 +14,7 @@ from rich.text import Text
 from budgets.advice.rows import row_text
 
 from .heads import HEAD_CLASSES, class_counts, head_legend
+from .indexer import indexer_line, loss_check_text
 from .kinds import kinds_spec
 from .table import BOXED, Column, TableSpec, fmt, to_markdown, to_rich
 
@@ -124,21 +125,25 @@ def render_hf_table(report: dict) -> RenderableType:
     parts = [to_rich(hf_spec(report), **style)]
     parts += [to_rich(kinds, **style)] if kinds is not None else []
     parts += [Text(missing, style="yellow")] if missing else []
-    parts += [Text(line) for line in (shared_line(report), gguf, machine_line(report)) if line]
+    parts += [Text(line) for line in (shared_line(report), gguf, indexer_line(report),
+                                      machine_line(report)) if line]
     return parts[0] if len(parts) == 1 else Group(*parts)
 
 
 def machine_line(report: dict) -> str:
     """'device cpu, dtype float32, torch on 2 threads; eigensolver 2 workers x 1 thread
-    (...)', or '' for a report that does not say (the threads and the eigensolver:
-    budgets/rank/eigen.py's choices)."""
+    (...); loss 4.86 captured, 4.86 without the capture (tolerance 1e-04)', or '' for a
+    report that does not say (the threads and the eigensolver: budgets/rank/eigen.py's
+    choices; the loss check: budgets/probe/faithful.py's)."""
     src = report.get("source", {})
+    check = loss_check_text(src)  # the capture's loss check (budgets/probe/faithful.py)
     if "device" not in src or "dtype" not in src:
-        return ""
+        return check
     threads = src.get("threads")
     return (f"device {src['device']}, dtype {src['dtype']}"
             + (f", torch on {threads} thread{'s' * (threads != 1)}" if threads else "")
-            + (f"; eigensolver {src['eigensolver']}" if "eigensolver" in src else ""))
+            + (f"; eigensolver {src['eigensolver']}" if "eigensolver" in src else "")
+            + (f"; {check}" if check else ""))
 
 
 def hf_markdown(report: dict) -> str:
@@ -151,6 +156,7 @@ def hf_markdown(report: dict) -> str:
              *([f"- {unmeasured_line(report)}"] if unmeasured_line(report) else []),
              *([f"- {shared_line(report)}"] if shared_line(report) else []),
              *([f"- {gguf_line(report)}"] if gguf_line(report) else []),
+             *([f"- {indexer_line(report)}"] if indexer_line(report) else []),
              "", to_markdown(hf_spec(report))]
     kinds = kinds_spec(report)
     if kinds is not None:

@@ -48,15 +48,17 @@ PLOT_AXES = ("mixing", "logits", "value_path", "out", "adapter", "inference")
 CLASS_COLOURS = ("#9e9e9e", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c")  # HEAD_CLASSES order
 
 
-def prepare_dir(out_dir: Path) -> Path:
-    """Create out_dir, refusing an existing file or non-empty directory (never overwrite)."""
+def prepare_dir(out_dir: Path, create: bool = True) -> Path:
+    """Create out_dir (unless not `create`: only the checks), refusing an existing file or
+    non-empty directory (never overwrite)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"--plot {out_dir}: exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()):
         raise FileExistsError(f"--plot {out_dir}: directory is not empty; name a new or empty "
                               "directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if create:
+        out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir
 
 
