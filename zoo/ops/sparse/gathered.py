@@ -6,6 +6,7 @@ never T x T (the block's indexer, which chooses the keys, is the T x T part)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from budgets.mixing.sparse import masked_softmax, slot_visible, window_mask
 
@@ -13,11 +14,12 @@ from ..precision import upcast_16bit
 
 
 def gather_rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t [B, G, Tk, K] at idx [B, G, C, n] -> [B, G, C, n, K]."""
+    """t [B, G, Tk, K] at idx [B, G, C, n] -> [B, G, C, n, K], as one embedding lookup in
+    the flattened rows: its backward sums the rows' gradients ~4x faster on CPU than
+    index_select's (a scatter_add per element)."""
     B, G, Tk, K = t.shape
-    flat = idx.reshape(B * G, -1)  # [B*G, C*n]
-    rows = torch.arange(B * G, device=t.device)[:, None]
-    return t.reshape(B * G, Tk, K)[rows, flat].reshape(*idx.shape, K)
+    base = (torch.arange(B * G, device=t.device) * Tk).view(B, G, 1, 1)
+    return F.embedding(idx + base, t.reshape(B * G * Tk, K))
 
 
 def gathered_sparse(q, k, v, idx, valid, *, scale, offset=0, gates=None, window=None,
