@@ -11,6 +11,7 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="the HF probe needs transformers (pip install 'rankzoo[hf]')")
 
+from budgets.budget import difference_cap, differential_budget  # noqa: E402
 from budgets.capture.differential import DifferentialCall  # noqa: E402
 from budgets.hf.capture import capture  # noqa: E402
 from budgets.hf.probe import build_hf_report, probe_hf_model  # noqa: E402
@@ -131,6 +132,25 @@ def test_matrix_free_differential_ranks_equal_the_exact_path(diff64):
         assert b["quantities"]["past_future"]["rank_eps"] == \
             a["quantities"]["past_future"]["rank_eps"]
         assert b["signed"]["computed"] == ["past_future", "past_future_lengths"]
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_the_declared_cap_bounds_any_difference_of_two_softmaxes(window):
+    """rank(P1 - lambda P2) on the past->future block stays within difference_cap: the
+    sum of the parts' caps, within the block's nonzero corner (T/2, or W - 1 with a
+    window), whatever the logits and lambda."""
+    g = torch.Generator().manual_seed(0)
+    S = torch.randn(2, 8, T, T, generator=g, dtype=torch.float64) * 4  # 8 heads, 4 pairs
+    t, s = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    hidden = (s > t) | (s <= t - window) if window else s > t
+    P = torch.softmax(S.masked_fill(hidden, float("-inf")), -1)
+    lam = torch.tensor([-3.21, 0.5, 1.0, 4.8], dtype=torch.float64)
+    M = P[:, :4] - lam.view(1, 4, 1, 1) * P[:, 4:]
+    cap = differential_budget("m", T, n_heads=8, n_kv_heads=2, head_dim=16, d_model=64,
+                              window=window).mixing
+    assert cap == (T // 2 if window is None else window - 1)
+    assert int(torch.linalg.matrix_rank(M[..., T // 2:, :T // 2]).max()) <= cap
+    assert difference_cap((3, 4), 32) == 7 and difference_cap((16, 16), 16) == 16
 
 
 @pytest.fixture(scope="module")
