@@ -28,7 +28,7 @@ import dataclasses
 
 import torch
 
-from ..capture.attention import AttentionCall, _mask_rows, probabilities, row_blocks
+from ..capture.attention import AttentionCall, probabilities, row_blocks
 from .blocks import matrix_figures
 
 
@@ -38,12 +38,16 @@ def _dense(call: AttentionCall) -> AttentionCall:
                                probs=None)
 
 
-def _visible(dense: AttentionCall, T: int, Tk: int) -> torch.Tensor:
-    """[B or 1, 1, T, Tk] bool: the keys each query can see without the selection."""
-    m = _mask_rows(dense, slice(0, T), Tk)
-    if m is None:
-        return torch.ones(1, 1, T, Tk, dtype=torch.bool, device=dense.query.device)
-    return m > torch.finfo(m.dtype).min / 2
+def _visible(mask: torch.Tensor | None, T: int, Tk: int, device) -> torch.Tensor:
+    """[B or 1, 1, T, Tk] bool: the keys each query can see without the selection, from
+    the call's mask before it (None: causal, as Selection.fold reads it)."""
+    if mask is None:
+        t = torch.arange(T, device=device)[:, None] + (Tk - T)
+        return (torch.arange(Tk, device=device)[None, :] <= t)[None, None]
+    mask = mask[..., :T, :Tk]
+    if mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2
 
 
 def selector_figures(call: AttentionCall, eps: float) -> dict:
@@ -54,7 +58,7 @@ def selector_figures(call: AttentionCall, eps: float) -> dict:
     out = {"topk": sel.topk, "index_heads": sel.index_heads, "index_dim": sel.index_dim,
            "shared_from": sel.shared_from}
     dense = _dense(call)
-    visible = _visible(dense, T, Tk)  # [b, 1, T, Tk]
+    visible = _visible(sel.dense_mask, T, Tk, call.query.device)  # [b, 1, T, Tk]
     seen = visible.sum(-1).expand(B, 1, T)  # [B, 1, T] keys each query can see
     bites = seen > sel.picked  # [B, 1, T]
     out["bites"] = bool(bites.any())
