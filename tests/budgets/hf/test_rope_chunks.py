@@ -201,6 +201,49 @@ def test_masks_that_are_not_a_band_read_as_none():
     assert mask_band((t[None] <= t[:, None]) & (t[None] > t[:, None] - 5), T_) == Band(window=5)
 
 
+class ChunkedAttention(torch.nn.Module):
+    """Self-attention of one's own that passes SDPA a chunked boolean mask."""
+
+    def __init__(self, D: int, H: int, C: int):
+        super().__init__()
+        self.H, self.C, self.qkv = H, C, torch.nn.Linear(D, 3 * D)
+
+    def forward(self, x):
+        B_, T_, D = x.shape
+        t = torch.arange(T_)
+        mask = (t[None] <= t[:, None]) & (t[None] >= t[:, None] // self.C * self.C)
+        q, k, v = (a.view(B_, T_, self.H, -1).transpose(1, 2)
+                   for a in self.qkv(x).split(D, dim=-1))  # [B, H, T, K] each
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return y.transpose(1, 2).reshape(B_, T_, D)
+
+
+class ChunkedSDPA(torch.nn.Module):
+    def __init__(self, D: int = 32, H: int = 4, C: int = 8, L: int = 2):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(VOCAB, D), torch.nn.Linear(D, VOCAB)
+        self.layers = torch.nn.ModuleList(ChunkedAttention(D, H, C) for _ in range(L))
+
+    def forward(self, ids):
+        x = self.emb(ids)  # [B, T, D]
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def test_a_chunked_mask_through_sdpa_is_read_as_chunks_matrix_free_too():
+    torch.manual_seed(0)
+    model, ids = ChunkedSDPA().eval(), _ids(40)  # T/2 = 20: 4 keys of its chunk cross
+    exact, _ = budgets.probe_torch_model(model, ids)
+    free, _ = budgets.probe_torch_model(model, ids, matfree_from=16)
+    assert "unread_calls" not in free
+    for a, b in zip(exact["layers"], free["layers"], strict=True):
+        assert a["kind"]["label"] == b["kind"]["label"] == "chunked C=8 no RoPE"
+        assert a["budget"]["mixing"] == budgets.past_future_cap(40, None, 8) == 4
+        assert a["quantities"]["past_future"]["rank_eps"] == \
+            b["quantities"]["past_future"]["rank_eps"]
+
+
 # ---------------------------------------------------------------- RoPE layouts
 
 def _rope_angles(T_: int, r: int) -> torch.Tensor:
