@@ -57,6 +57,7 @@ def indexer_line(report: dict) -> str | None:
         line += f"; indexer logits rank_eps {fmt(rank, '.1f')} of {logits[0]['shape'][0]}"
     shared = [ly["layer"] for ly in layers if ly["indexer"].get("shared_from")]
     if shared:
-        line += f"; layer{'s' * (len(shared) > 1)} {', '.join(map(str, shared))} reuse an " \
-                f"earlier layer's choice"
+        many = len(shared) > 1
+        line += (f"; layer{'s' * many} {', '.join(map(str, shared))} reuse{'s' * (not many)} "
+                 f"an earlier layer's choice")
     return line
