@@ -281,6 +281,7 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
     from ..render import render_advice, render_table
     from ..render.answer import render_answer
     from ..render.document import report_markdown
+    from ..render.evals import evals_tables
     from ..render.recall import recall_table, recall_view
     from ..render.summary import summary_table
     from ..render.sweep import sweep_markdown, sweep_table
@@ -295,7 +296,9 @@ def print_report(report: dict, sweep: dict | None, fmt: str, out: Console,
             return [render_table(report), summary_table(report),
                     *([] if sweep is None else [sweep_table(sweep)]), *recall,
                     render_advice(report)]
-        return [render_answer(report, f"every table: `{again}`" if again else ""), *recall]
+        # lm-eval's scores beside the rank figures (--details: in render_table)
+        return [render_answer(report, f"every table: `{again}`" if again else ""),
+                *evals_tables(report), *recall]
 
     def markdown(_) -> str:
         return report_markdown(report) + ("\n" + sweep_markdown(sweep) if sweep else "")

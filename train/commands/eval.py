@@ -8,9 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..hf.evaluate import EVAL_FILE, evaluate_model
+from ..hf.evaluate import evaluate_model
 from ..hf.export import export_variant
 from ..rundir.files import write_json
+from ..rundir.layout import EVAL_FILE
 from ..rundir.lock import hold_run_dir
 from ..rundir.read import is_variant_dir
 from .compress.saved.record import locked_dir

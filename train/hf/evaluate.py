@@ -20,7 +20,6 @@ import os
 from pathlib import Path
 
 INSTALL_HINT = "pip install 'rankzoo[eval]'"
-EVAL_FILE = "eval.json"  # a variant's lm-eval scores, beside its report.json
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 

@@ -19,6 +19,7 @@ from budgets.report.document import PARTS
 
 from .advice import advice_markdown
 from .answer import answer_markdown
+from .evals import evals_spec
 from .heads import heads_markdown, render_heads
 from .hf import hf_markdown
 from .kinds import variant_kinds_specs
@@ -28,6 +29,7 @@ from .residual import render_residual, residual_markdown
 from .status import render_status, status_markdown
 from .summary import summary_markdown
 from .table import BOXED, to_rich
+from .table import to_markdown as spec_markdown
 from .totals import render_totals, totals_markdown
 
 
@@ -46,6 +48,9 @@ def render_table(report: dict) -> Group:
     parts.append(render_totals(report))
     parts += [to_rich(spec, **BOXED) for spec in variant_kinds_specs(report)]
     parts += [t for t in (render_heads(report), render_residual(report)) if t is not None]
+    evals = evals_spec(report)
+    if evals is not None:
+        parts.append(to_rich(evals, **BOXED))
     spaced = [parts[0]]
     for p in parts[1:]:  # a blank line before every section (not inside the status block)
         spaced += [p] if p is parts[1] else [Text(""), p]
@@ -57,8 +62,13 @@ def to_markdown(report: dict) -> str:
     sections = [f"# Rank-budget report: {report.get('experiment') or '(unnamed)'}\n",
                 answer_markdown(report), status_markdown(report), budget_legend(report) + ".\n",
                 parts_markdown(report), totals_markdown(report), heads_markdown(report),
-                residual_markdown(report), advice_markdown(report)]
+                residual_markdown(report), advice_markdown(report), evals_markdown(report)]
     return "\n".join(s for s in sections if s)
+
+
+def evals_markdown(report: dict) -> str:
+    spec = evals_spec(report)
+    return "" if spec is None else spec_markdown(spec)
 
 
 def report_markdown(report: dict) -> str:

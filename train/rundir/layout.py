@@ -21,6 +21,7 @@ CHECKPOINT_FILE = "checkpoints/last.ckpt"  # a run's one checkpoint
 RANKS_FILE = "ranks.jsonl"  # one rank measurement per line
 REPORT_FILE = "report.json"  # the run's report (schema rankzoo.report)
 STATUS_FILE = "status.json"  # running / finished / stopped / diverged at step k
+EVAL_FILE = "eval.json"  # rankzoo eval's lm-evaluation-harness scores (schema rankzoo.eval)
 DIVERGED_FILE = "diverged.txt"  # an older sweep run whose loss went NaN (status.json says so now)
 # a directory holding any of these is a variant's (train/rundir/read.py is_variant_dir)
 RESULT_FILES = (REPORT_FILE, RANKS_FILE, CONFIG_FILE)
@@ -54,6 +55,10 @@ class VariantFiles:
     @property
     def status(self) -> Path:
         return self.dir / STATUS_FILE
+
+    @property
+    def eval(self) -> Path:
+        return self.dir / EVAL_FILE
 
     @property
     def diverged(self) -> Path:

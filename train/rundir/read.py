@@ -19,7 +19,7 @@ import torch
 
 import budgets
 from budgets.report.document import RANK_RECORD
-from budgets.schema import check, read_text, same_lengths
+from budgets.schema import check, read_json, read_text, same_lengths
 
 from ..config.sections import DataConfig, parse_section
 from .files import read_yaml
@@ -181,12 +181,32 @@ def variant_status(vdir: Path, variant: dict) -> dict | None:
 
 
 def with_status(vdir: Path, report: dict) -> dict:
-    """`report` (one variant's) with its variant's status set (see variant_status)."""
+    """`report` (one variant's) with its variant's status set (see variant_status) and its
+    lm-evaluation-harness scores where `rankzoo eval` kept them (eval.json): "lm_eval",
+    {task: {metric: value}}."""
+    scores = eval_scores(vdir)
     for variant in report["variants"]:
         status = variant_status(vdir, variant)
         if status is not None:
             variant["status"] = status
+        if scores:
+            variant["lm_eval"] = scores
     return report
+
+
+def eval_scores(vdir: Path) -> dict[str, dict[str, float]]:
+    """The scores of a variant's eval.json ({} without one); a file that is not one is a
+    ValueError naming it."""
+    path = VariantFiles(vdir).eval
+    if not path.is_file():
+        return {}
+    doc = read_json(path)
+    tasks = doc.get("tasks") if isinstance(doc, dict) else None
+    if not isinstance(tasks, dict) or not all(
+            isinstance(m, dict) and all(isinstance(v, (int, float)) for v in m.values())
+            for m in tasks.values()):
+        raise ValueError(f"{path}: not a rankzoo eval document (no tasks of metric values)")
+    return tasks
 
 
 def merge_reports(reports: list[dict], experiment: str = "") -> dict:

@@ -227,6 +227,9 @@ def test_lm_eval_accuracy_equals_the_models_own_log_probs(tmp_path, capsys):
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     assert acc == pytest.approx(own_accuracy(load(model_dir), tokenizer), abs=1e-9)
     assert json.loads((vdir / "eval.json").read_text())["tasks"]["tiny_mc"]["acc"] == acc
+    assert main(["report", str(vdir.parent), "--format", "json"]) == 0  # beside the ranks
+    (variant,) = json.loads(capsys.readouterr().out)["variants"]
+    assert variant["lm_eval"]["tiny_mc"]["acc"] == acc and variant["layers"]
 
 
 # ---------------------------------------------------------------- report --hf
@@ -262,3 +265,20 @@ def test_report_hf_reads_every_layer_as_the_runs_report(tmp_path, capsys):
     (hf,) = json.loads(capsys.readouterr().out)["variants"]
     assert len(hf["layers"]) == 2 and [ly["block"] for ly in hf["layers"]] == ["ssm", "softmax"]
     assert [figures(ly) for ly in hf["layers"]] == [figures(ly) for ly in run["layers"]]
+
+
+def test_report_shows_the_scores_rankzoo_eval_kept(tmp_path, capsys):
+    exp_dir = write_run(tmp_path, tiny_experiment(variants={"mqa": {"block": "softmax",
+                                                                    "n_kv_heads": 1}}))
+    (exp_dir / "mqa" / "eval.json").write_text(json.dumps(
+        {"schema": "rankzoo.eval", "tasks": {"tiny_mc": {"acc": 0.5, "acc_norm": 0.25}}}))
+    assert main(["report", str(exp_dir), "--format", "json"]) == 0
+    variants = {v["variant"]: v for v in json.loads(capsys.readouterr().out)["variants"]}
+    assert variants["mqa"]["lm_eval"] == {"tiny_mc": {"acc": 0.5, "acc_norm": 0.25}}
+    assert "lm_eval" not in variants["mha"]
+    assert main(["report", str(exp_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "lm-eval" in out and "tiny_mc" in out and "0.25" in out
+    (exp_dir / "mqa" / "eval.json").write_text(json.dumps({"tasks": {"tiny_mc": "high"}}))
+    assert main(["report", str(exp_dir)]) == 2
+    assert "not a rankzoo eval document" in capsys.readouterr().err
