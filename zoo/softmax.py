@@ -260,14 +260,14 @@ class SoftmaxAttention(Block):
         return P
 
     def _mixing_operator(self, x: torch.Tensor) -> budgets.AttentionMixing | None:
-        """Queries and keys (and sinks); None where M is not plain masked softmax (chunks,
-        a headwise gate): the probe then measures mixing_matrices exactly."""
+        """Queries and keys (window, chunks, sinks); None with a headwise gate, whose rows
+        the operator does not scale: the probe then measures mixing_matrices exactly."""
         c = self.config
-        if c.chunk is not None or c.output_gate == "headwise":
+        if c.output_gate == "headwise":
             return None
         q, k, _ = self.project(x)  # [B, H, T, K], [B, G, T, K]
         return budgets.AttentionMixing(q, k, 1 / math.sqrt(c.k_dim), self.window,
-                                       sinks=self.sinks)
+                                       sinks=self.sinks, chunk=c.chunk)
 
     def cached_tokens(self, seq_len: int) -> int:
         """How many of seq_len tokens the cache keeps live: all, the window's W, or the

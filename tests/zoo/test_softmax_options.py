@@ -145,12 +145,15 @@ def test_chunked_cap_is_what_the_mask_allows_and_what_a_block_realizes(T, C, cap
     assert int(realized.max()) == int(realized.min()) == cap
 
 
-def test_the_probe_reads_a_chunked_block_within_its_cap():
-    block = build("softmax", {"chunk": 5, "n_kv_heads": 1}, dtype=torch.float32)
-    layer = budgets.probe_model(torch.nn.Sequential(block), make_x(T=24, dtype=torch.float32)
-                                )["layers"][0]
-    realized = layer["quantities"]["past_future"]["numerical_rank"]
-    assert max(realized) == block.budget(24).mixing == 2
+def test_the_probe_reads_a_chunked_block_within_its_cap_exactly_and_matrix_free():
+    block = build("softmax", {"chunk": 5, "n_kv_heads": 1, "sinks": True}, dtype=torch.float32)
+    x = make_x(T=24, dtype=torch.float32)
+    exact, matfree = (budgets.probe_model(torch.nn.Sequential(block), x, matfree_from=m)
+                      ["layers"][0]["quantities"]["past_future"] for m in (None, 16))
+    assert max(exact["numerical_rank"]) == block.budget(24).mixing == 2
+    for metric in ("rank_eps", "erank"):  # the operator's M is mixing_matrices'
+        torch.testing.assert_close(torch.tensor(matfree[metric]), torch.tensor(exact[metric]),
+                                   atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name, config", [OPTIONS[n] for n in ("sinks", "window-sinks-gate",
