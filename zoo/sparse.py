@@ -212,6 +212,7 @@ class SparseAttention(Block):
         if c.gate == "sigmoid":
             self.gate_proj = nn.Linear(D, H * len(c.branches), bias=False)
         self.aux_loss: torch.Tensor | None = None  # set by every forward with gradients
+        self._said: tuple = ()  # the last (config, seq_len) budget() was asked for
 
     @classmethod
     def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
@@ -420,7 +421,9 @@ class SparseAttention(Block):
     def _budget(self, seq_len: int) -> RankBudget:
         c = self.config
         shape = c.shape()
-        if selection_covers(shape, seq_len):
+        said, self._said = self._said, (c, seq_len)
+        if selection_covers(shape, seq_len) and said != (c, seq_len + 1):  # not twice for
+            # pick's and blocks' decode step, the budget at T - 1 read right after T's
             log.warning("rankzoo: sparse top_k (%d%s) covers seq_len %d: the selection cannot "
                         "bite, every causal key is attended", c.top_k,
                         f" blocks of {c.block_size}" if c.selection == "block" else "", seq_len)

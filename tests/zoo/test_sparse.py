@@ -225,3 +225,15 @@ def test_presets_are_dsa_nsa_and_moba_and_build():
         with torch.device("meta"):
             block = zoo.build("sparse", d_model=256, n_heads=8, **kwargs)
         assert block.budget(4096).cache_elements > 0
+
+
+def test_rankzoo_blocks_says_once_where_a_preset_cannot_bite(caplog):
+    from train.commands.blocks import blocks_document
+
+    with caplog.at_level(logging.WARNING, logger="rankzoo"):
+        rows = [r for r in blocks_document(256, 8, 200)["blocks"] if r["family"] == "sparse"]
+    assert len(rows) == 3 and not any(r.get("error") for r in rows)
+    said = [r.getMessage() for r in caplog.records if "cannot bite" in r.getMessage()]
+    assert said == [f"rankzoo: sparse top_k ({k}) covers seq_len 200: the selection cannot "
+                    "bite, every causal key is attended"
+                    for k in ("256", "4 blocks of 64", "3 blocks of 128")]
