@@ -31,17 +31,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
 from ..monitor.core import DEFAULT_HISTOGRAMS, DEFAULT_SCALARS, Monitor
 from ..rundir.layout import RANKS_FILE
+from .checkpoint import StepEnd
 from .sharding import full_state, is_sharded
 
 __all__ = ["DEFAULT_HISTOGRAMS", "MonitorCallback", "RankMonitor"]
 
 
-class MonitorCallback(Callback):
+class MonitorCallback(StepEnd):
     """A Monitor measuring from Lightning's hooks, on global rank zero, logging through
     the trainer's loggers; `model_of(pl_module)` is what it probes (the module itself by
     default). Works with any LightningModule."""
@@ -56,16 +57,19 @@ class MonitorCallback(Callback):
             self.monitor.resume()
             # before configure_model shards it (Lightning calls that after this hook)
             model = self.model_of(pl_module)
-            if self.replica is None and type(trainer.strategy).__name__ == \
-                    "ModelParallelStrategy" and not is_sharded(model):
+            if self.replica is None and isinstance(trainer.strategy, ModelParallelStrategy) \
+                    and not is_sharded(model):
                 self.replica = copy.deepcopy(model)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.step_ended(trainer):  # a micro-batch before the step's last
+            return
         step = trainer.global_step  # already counts this batch's optimizer step
         if step % self.monitor.every_n_steps == 0:
             self.measure(trainer, pl_module)
 
     def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
         # A resumed fit starts at its checkpoint's step k, whose record was written before
         # the checkpoint (train/harness/fit.py keeps it): measure it only if it is missing.
         step = trainer.global_step

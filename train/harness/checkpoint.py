@@ -46,7 +46,25 @@ from ..rundir.read import Checkpoint, load_checkpoint
 STATE_KEY = "rankzoo"  # the checkpoint entry with the RNG states and the step's metrics
 
 
-class StepCheckpoint(Callback):
+class StepEnd(Callback):
+    """A callback that acts at the end of each optimizer step: Lightning calls
+    on_train_batch_end after every micro-batch, train.accumulate_grad_batches of them a
+    step, all but the last with global_step unchanged. `step_ended(trainer)` is True once
+    per step, after its last micro-batch (every call without accumulation)."""
+
+    seen_step: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.seen_step = trainer.global_step
+
+    def step_ended(self, trainer) -> bool:
+        if trainer.global_step == self.seen_step:
+            return False
+        self.seen_step = trainer.global_step
+        return True
+
+
+class StepCheckpoint(StepEnd):
     """Save `path` every `every_n_steps` optimizer steps, exactly resumable (the module
     docstring). `on_save(step)` runs on global rank zero after each save."""
 
@@ -60,6 +78,8 @@ class StepCheckpoint(Callback):
         self.metrics: dict[str, float] | None = None  # what the save in progress records
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.step_ended(trainer):
+            return
         step = trainer.global_step
         # a step that validates is saved after its validation (on_validation_end): its
         # figures are logged by then, and Lightning resumes such a checkpoint past them
@@ -112,6 +132,7 @@ class StepCheckpoint(Callback):
         self.saved_step = checkpoint["global_step"]  # what self.path holds
 
     def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
         # the last hook before the first step: nothing draws from the RNG after it
         if "rng" in self.restored:
             set_rng_states(self.restored["rng"])
@@ -122,7 +143,7 @@ class StepCheckpoint(Callback):
         return dict(self.restored.get("metrics", {}))
 
 
-class TrainScalars(Callback):
+class TrainScalars(StepEnd):
     """The train/* scalars (logged by the module with logger=False) to the loggers, every
     `every_n_steps` steps at step global_step (the console's, the rank monitor's) with the
     epoch beside them, in on_train_batch_end: before StepCheckpoint, which runs last."""
@@ -131,6 +152,8 @@ class TrainScalars(Callback):
         self.every_n_steps = every_n_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.step_ended(trainer):
+            return
         step = trainer.global_step
         if step % self.every_n_steps and not trainer.should_stop:
             return

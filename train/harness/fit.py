@@ -362,7 +362,9 @@ def make_trainer(exp: Experiment, name: str, exp_dir: Path, probe_batch: torch.T
         enable_checkpointing=False,  # StepCheckpoint, last in the list: after the others
         callbacks=[monitor, TrainScalars(t.log_every_n_steps), *progress, saver],
         enable_progress_bar=console.is_terminal,
-        val_check_interval=t.val_every_n_steps, check_val_every_n_epoch=None,
+        # Lightning counts the interval in batches: micro-batches under accumulation
+        val_check_interval=t.val_every_n_steps * t.accumulate_grad_batches,
+        check_val_every_n_epoch=None,
         log_every_n_steps=t.log_every_n_steps,
         gradient_clip_val=t.grad_clip,
         num_sanity_val_steps=0, enable_model_summary=False,

@@ -58,14 +58,19 @@ def weights(runs: Path) -> dict[str, torch.Tensor]:
 
 
 def losses(runs: Path) -> list[float]:
-    """train/loss at steps 1..STEPS, from TensorBoard (logged every step)."""
+    """train/loss at steps 1..STEPS, from TensorBoard (logged every step), once each, and
+    the validations and rank records at their steps (every 3), once each."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(runs / "fsdp" / "mha"), size_guidance={"scalars": 0})
     acc.Reload()
-    by_step = {e.step: e.value for e in acc.Scalars("train/loss")}
-    assert sorted(by_step) == list(range(1, STEPS + 1))
-    return [by_step[s] for s in sorted(by_step)]
+    events = acc.Scalars("train/loss")
+    assert [e.step for e in events] == list(range(1, STEPS + 1))  # each step once
+    assert [e.step for e in acc.Scalars("val/loss")] == [3, 6]
+    ranks = [json.loads(line)["step"] for line in
+             (runs / "fsdp" / "mha" / "ranks.jsonl").read_text().splitlines()]
+    assert ranks == [3, 6]  # measured once per step
+    return [e.value for e in events]
 
 
 def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -105,9 +110,6 @@ def test_fsdp_trains_what_one_process_trains(one_process, fsdp):
     assert loss_gap <= TOL and weight_gap <= TOL
     # the report reads the checkpoint in one process: full, unsharded tensors
     assert all(type(t) is torch.Tensor for t in weights(runs).values())
-    ranks = [json.loads(line)["step"] for line in
-             (runs / "fsdp" / "mha" / "ranks.jsonl").read_text().splitlines()]
-    assert ranks == [3, 6]  # measured on the gathered weights, once per step
     assert main(["report", str(runs / "fsdp"), "--format", "json"]) == 0
 
 
