@@ -36,6 +36,9 @@ def check_experiment(exp: Experiment) -> None:
     """The train section, and the fine-tune stage's (it may override it), on this machine;
     data.batch_size, the global batch, against the processes and micro-batches sharing it."""
     check_machine(exp.train)
+    for name, variant in exp.variants.items():  # a variant may pick its own optimizer
+        check_shardable(exp.train.strategy, variant.train.get("optimizer", "adamw"),
+                        f"variants.{name}.train", "train")
     check_divides(exp.data.batch_size, world_size(exp.train), exp.train.accumulate_grad_batches)
     if exp.finetune is not None:
         check_machine(exp.finetune.train_config(exp.train), section="finetune.train")
@@ -47,16 +50,23 @@ def check_machine(train: TrainConfig, section: str = "train") -> None:
     check_devices(train.devices, kind, section)
     check_precision(train.precision, kind, section)
     check_strategy(train.strategy, kind, section)
-    if train.strategy == "fsdp" and train.optimizer not in SHARDABLE_OPTIMIZERS:
-        raise ValueError(f"{section}.optimizer={train.optimizer!r} with {section}.strategy="
-                         "'fsdp': Muon orthogonalizes whole matrices and FSDP gives each "
-                         f"process a shard of them; use {' or '.join(SHARDABLE_OPTIMIZERS)}, "
-                         "or strategy ddp")
+    check_shardable(train.strategy, train.optimizer, section)
     if train.num_nodes > 1 and not any(v in os.environ for v in LAUNCHER_VARIABLES):
         raise ValueError(f"{section}.num_nodes={train.num_nodes}: a multi-node run is started "
                          f"on every node by a launcher (SLURM, torchrun) or with MASTER_ADDR, "
                          f"MASTER_PORT and NODE_RANK set; none of {list(LAUNCHER_VARIABLES)} "
                          "is set here")
+
+
+def check_shardable(strategy: str, optimizer: str, section: str = "train",
+                    strategy_section: str | None = None) -> None:
+    """Muon under FSDP would orthogonalize each process's shard instead of the matrix:
+    refused, never run per shard (LMModule.configure_optimizers checks it again)."""
+    if strategy == "fsdp" and optimizer not in SHARDABLE_OPTIMIZERS:
+        raise ValueError(f"{section}.optimizer={optimizer!r} with "
+                         f"{strategy_section or section}.strategy='fsdp': Muon orthogonalizes "
+                         "whole matrices and FSDP gives each process a shard of them; use "
+                         f"{' or '.join(SHARDABLE_OPTIMIZERS)}, or strategy ddp")
 
 
 def processes(train: TrainConfig) -> int:

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from ..data import IGNORE, accuracy, accuracy_by_kv_pairs
 from ..lm.decoder import build_model
+from .devices import check_shardable
 from .optim import build_optimizer, build_schedule
-from .sharding import recompute_layers, shard
+from .sharding import is_sharded, recompute_layers, shard
 
 
 class NonFiniteLoss(RuntimeError):
@@ -136,6 +137,8 @@ class LMModule(L.LightningModule):
 
     def configure_optimizers(self):
         t = self.config["train"]
+        if is_sharded(self.model):  # however the config got here (a sweep, a variant)
+            check_shardable(t.get("strategy", "fsdp"), t.get("optimizer", "adamw"))
         optimizer = build_optimizer(self.model, t)
         schedule = build_schedule(optimizer, t)
         return {"optimizer": optimizer,

@@ -202,6 +202,8 @@ def test_recomputation_runs_each_layer_again_in_the_backward():
     (["train.strategy=fsdp", "train.optimizer=muon"],
      "train.optimizer='muon' with train.strategy='fsdp': Muon orthogonalizes whole "
      "matrices and FSDP gives each process a shard of them; use adamw or lion"),
+    (["train.strategy=fsdp", "variants.mha.train.optimizer=muon"],
+     "variants.mha.train.optimizer='muon' with train.strategy='fsdp': Muon orthogonalizes"),
     (["train.strategy=fsdp", "data.batch_size=7"],
      "data.batch_size=7 (the global batch) does not divide among 2 processes"),
     (["train.strategy=ddp", "data.batch_size=8", "train.accumulate_grad_batches=3"],
