@@ -58,7 +58,7 @@ from ..probe.blocks import (
 )
 from ..probe.calls import CallProbe, check_layers, probe_calls
 from ..probe.entries import attention_entry
-from ..probe.faithful import first_change, loss_check
+from ..probe.faithful import first_change, loss_check, replaying, rng_state
 from ..probe.mixing_entry import mixing_entry
 from ..probe.places import Running, layer_at_call, mixer_places
 from ..probe.streams import MASSIVE_RATIO
@@ -198,13 +198,14 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: boo
                                         progress, massive_ratio)
         except NoMixers as e:  # no interface: P from the eager path, if it gives it
             return _probe_eager(model, ids, eps, layers, with_spectra, massive_ratio, e)
+        state = rng_state()  # the plain forward replays the captured one's random draws
         final, logits = probe_calls(
             p, lambda: model(input_ids=ids, use_cache=False)["logits"], _sources(matfree),
             model.get_output_embeddings(), matfree)
         loss = _next_token_loss(logits, ids)
         first = {m.module: m.name for m in reversed(p.maps)}  # a module once, first name
         check = _loss_check(model, ids, loss, {n: m for m, n in first.items()},
-                            _captured_run(model, ids, matfree))
+                            _captured_run(model, ids, matfree, state), state, matfree)
     probe = {"seq_len": T, "eps": float(eps), "batch_size": int(ids.shape[0]),
              "layers": [p.layers[i] for i in p.wanted],
              "final_hidden": final_hidden_metrics(final, eps)}
@@ -216,10 +217,12 @@ def probe_hf_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: boo
     return probe, loss
 
 
-def _captured_run(model, ids: torch.Tensor, matfree: bool) -> Callable[[], object]:
-    """The probe's forward under its sources, measuring nothing (first_change's)."""
+def _captured_run(model, ids: torch.Tensor, matfree: bool, state: dict
+                  ) -> Callable[[], object]:
+    """The probe's forward under its sources, measuring nothing (first_change's), from
+    the random `state` the probe's forward started from."""
     def run():
-        with contextlib.ExitStack() as stack:
+        with replaying(state), contextlib.ExitStack() as stack:
             for source in _sources(matfree):
                 stack.enter_context(source(model, lambda call: None))
             return model(input_ids=ids, use_cache=False)
@@ -227,11 +230,15 @@ def _captured_run(model, ids: torch.Tensor, matfree: bool) -> Callable[[], objec
 
 
 def _loss_check(model, ids: torch.Tensor, captured: float, mixers: dict[str, nn.Module],
-                run_captured: Callable[[], object]) -> dict:
+                run_captured: Callable[[], object], state: dict, long: bool = False) -> dict:
     """budgets/probe/faithful.py's check of the captured loss against the model's own on
-    ids (one more forward), `mixers` (name -> module) watched to name a change."""
+    ids (one more forward), `mixers` (name -> module) watched to name a change. `long` (a
+    matrix-free probe): the plain forward through transformers' SDPA where the model
+    offers it, not the eager path it was loaded with, whose [B, H, T, T] weights are what
+    the matrix-free probe exists to avoid."""
     def run_plain():
-        return model(input_ids=ids, use_cache=False)
+        with replaying(state), _own_sdpa(model, long):
+            return model(input_ids=ids, use_cache=False)
 
     plain = _next_token_loss(run_plain()["logits"], ids)
     dtype = next(model.parameters()).dtype
@@ -244,19 +251,37 @@ def _probe_eager(model, ids: torch.Tensor, eps: float, layers, with_spectra: boo
     """probe_hf_model's answer from budgets/hf/eager.py, exact whatever the length."""
     model_type = model.config.model_type
     wanted = check_layers(layers, int(model.config.num_hidden_layers), model_type)
+    state = rng_state()  # the plain forward replays the probed one's random draws
     found = probe_eager(model, ids, eps, wanted, massive_ratio)
     if found is None:
         raise why
     entries, final, loss = found
     # no capture ran, but output_attentions may switch what computes: the same check
-    layers = _decoder_layers(model)
-    check = _loss_check(model, ids, loss, layers, lambda: model(
-        input_ids=ids, output_attentions=True, use_cache=False))
+    def run_probed():
+        with replaying(state):
+            return model(input_ids=ids, output_attentions=True, use_cache=False)
+    check = _loss_check(model, ids, loss, _decoder_layers(model), run_probed, state)
     for layer in entries if not with_spectra else ():
         del layer["spectra"]
     return {"seq_len": int(ids.shape[1]), "eps": float(eps), "batch_size": int(ids.shape[0]),
             "layers": entries, "final_hidden": final_hidden_metrics(final, eps),
             "loss_check": check}, loss
+
+
+@contextlib.contextmanager
+def _own_sdpa(model, wanted: bool):
+    """Inside, `model` attends through transformers' SDPA when `wanted` and it was loaded
+    eager and supports SDPA (gemma2 and gpt_oss do not: their soft-caps and sinks); its
+    implementation restored afterwards."""
+    before = model.config._attn_implementation
+    if not wanted or before != "eager" or not getattr(model, "_supports_sdpa", False):
+        yield
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def _decoder_layers(model) -> dict[str, nn.Module]:

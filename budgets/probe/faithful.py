@@ -11,6 +11,8 @@ more than LOSS_TOLERANCE of the forward's dtype, the capture has changed the mod
 keyword it dropped, a mask it misread) and whatever it measured is not the model's
 attention: the probe refuses, and one more pair of forwards (only then) finds the first
 mixer whose output differs, watched by forward hooks (first_change), for the error to name.
+Every forward replays the random draws the captured one started from (rng_state,
+replaying): a model in training mode drops the same units in each.
 
 The tolerances, measured on every tiny type of tests/hf_tiny.py at 2 x 64 tokens: fp32
 forwards agree to 5e-7 in the loss (eager vs the capture's engine, both its exact and its
@@ -35,6 +37,27 @@ LOSS_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 1e-2
 # uncaptured output's largest entry
 OUTPUT_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2,
                     torch.float16: 5e-3}
+
+
+def rng_state() -> dict:
+    """torch's random state now (CPU, and each CUDA device once initialized): taken before
+    the captured forward, replayed for the plain one, so that a model drawing random numbers
+    (dropout in training mode) draws the same in both."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
+
+
+@contextlib.contextmanager
+def replaying(state: dict):
+    """Inside, torch's random draws start where `state` (rng_state) stood; afterwards they
+    go on as if nothing had run."""
+    devices = list(range(len(state["cuda"]))) if state["cuda"] is not None else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(state["cpu"])
+        if state["cuda"] is not None:
+            torch.cuda.set_rng_state_all(state["cuda"])
+        yield
 
 
 class Unfaithful(ValueError):

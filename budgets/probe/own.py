@@ -36,7 +36,7 @@ from ..report.captured import captured_report
 from .blocks import MATFREE_FROM, final_hidden_metrics, output_head
 from .calls import CallProbe, probe_calls
 from .entries import attention_entry
-from .faithful import first_change, loss_check
+from .faithful import first_change, loss_check, replaying, rng_state
 from .streams import MASSIVE_RATIO
 
 BUILDERS = {"attention": attention_entry}
@@ -124,9 +124,10 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
         unread.clear()  # the discovery pass's; the measuring pass names them again
         p = CallProbe(model, maps, eps, BUILDERS, block, layers, with_spectra, k_max,
                       progress, massive_ratio)
+        state = rng_state()  # the plain forward replays the captured one's random draws
         final, logits = probe_calls(p, lambda: logits_of(forward(model, tokens)), [source],
                                     output_head(model), matfree)
-        check = _loss_check(model, tokens, forward, logits, maps, matfree)
+        check = _loss_check(model, tokens, forward, logits, maps, matfree, state)
     probe = {"seq_len": T, "eps": float(eps), "batch_size": int(tokens.shape[0]),
              "layers": [p.layers[i] for i in p.wanted]}
     if final is not None:  # a model with a `head` or `lm_head`: its final hidden state
@@ -143,14 +144,17 @@ def probe_torch_model(model: nn.Module, tokens: torch.Tensor, eps: float = 0.1,
 
 
 def _loss_check(model: nn.Module, tokens: torch.Tensor, forward, logits: torch.Tensor,
-                maps: list, matfree: bool) -> dict:
-    """The captured loss against the model's own on the same tokens (one more forward; the
-    calls' modules watched to name a change: budgets/probe/faithful.py)."""
+                maps: list, matfree: bool, state: dict) -> dict:
+    """The captured loss against the model's own on the same tokens (one more forward,
+    drawing from the random `state` the captured one drew from; the calls' modules watched
+    to name a change: budgets/probe/faithful.py)."""
     def run_plain():
-        return logits_of(forward(model, tokens))
+        with replaying(state):
+            return logits_of(forward(model, tokens))
 
     def run_captured():
-        with capture_sdpa(model, lambda call: None, keep_probs=not matfree, matfree=matfree):
+        with replaying(state), capture_sdpa(model, lambda call: None,
+                                            keep_probs=not matfree, matfree=matfree):
             return forward(model, tokens)
 
     first = {m.module: m.name for m in reversed(maps)}  # a module once, its first name
