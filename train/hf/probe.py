@@ -150,6 +150,7 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     # on busy cores torch's own OpenMP team collapses as LAPACK's did: one thread there
     with quiet(import_transformers()), measuring(where) as threads:
         probe_of = probe_zoo_model if budgets.probeable_blocks(model) else probe_hf_model
+        runs_on_its_own(model, batch.to(where), g.model_type)
         probe, loss = probe_of(model, batch.to(where), eps, with_spectra,
                                layers=layers, matfree_from=matfree_from, k_max=k_max,
                                progress=progress)
@@ -169,6 +170,21 @@ def probe_hf(model_dir, text, seq_len: int = 128, probe_size: int = 4, eps: floa
     entry = {"probe": probe, "step": 0, "params": sum(p.numel() for p in model.parameters()),
              "metrics": {"probe/loss": loss}, "source": source}
     return model_dir.resolve().name or g.model_type, entry
+
+
+def runs_on_its_own(model, ids: torch.Tensor, model_type: str) -> None:
+    """A ValueError in one line where the model's own forward fails on the first tokens
+    of the probe batch, before any capture is in the way (a saved config whose sizes do not
+    fit together: longcat_flash's head_dim, the rotary width, unlike its qk_rope_head_dim),
+    rather than that failure's traceback from inside the probe."""
+    try:
+        with torch.no_grad():
+            model(input_ids=ids[:, :8], use_cache=False)
+    except Exception as e:  # noqa: BLE001 - whatever the model's own code raises
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"{model_type}: the model's own forward fails on the probe's first "
+                         f"tokens, with no capture in the way ({type(e).__name__}: {first}); "
+                         f"its saved config does not run") from None
 
 
 def probe_zoo_model(model, ids: torch.Tensor, eps: float = 0.1, with_spectra: bool = False,

@@ -347,3 +347,15 @@ def test_emit_names_the_chunked_layers_it_has_no_block_for(saved, text_file, cap
     lines = [ln for ln in err.splitlines() if ln.startswith("rankzoo: error")]
     assert code == 2 and len(lines) == 1 and not path.exists()
     assert "layers 0-2 ('chunked C=16')" in lines[0] and "no zoo block mirrors" in lines[0]
+
+
+def test_a_config_whose_own_forward_fails_is_one_line(tmp_path, text_file, capsys):
+    """longcat_flash saved with head_dim (its rotary width) 16 beside qk_rope_head_dim 8:
+    transformers' own forward fails, capture or not; the CLI says so in one line."""
+    tiny_model("longcat_flash", head_dim=16).save_pretrained(tmp_path / "bad")
+    code = main(["report", "--hf", str(tmp_path / "bad"), "--text", str(text_file),
+                 "--seq-len", "64", "--probe-size", "1", "--format", "json"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("rankzoo: error")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err
+    assert "longcat_flash: the model's own forward fails" in lines[0]
