@@ -15,7 +15,10 @@ the selection bites (more keys visible than it keeps, t + 1 > k; none when T <= 
   logits          rank_eps and erank of the indexer's scores [T, Tk] per sample (the keys
                   a query cannot see at 0), where the layer runs its own indexer; ReLU
                   and the heads' sum leave them without a structural cap
-  keys_per_query  declared min(k, T) beside the realized mean (what a query carries)
+  past_future_keys  the past keys (s < T/2) a query of the second half (t >= T/2) attends
+                  to: declared min(k, T/2), the realized mean and max (each row of the
+                  past->future block M[T/2:, :T/2] has at most that many nonzeros; its
+                  rank stays capped by T/2, since each row picks its own)
 
 dense_mass and topk_overlap are per head, averaged over the batch and the biting queries;
 the others are single numbers. A layer reusing another's choice (glm_moe_dsa's shared
@@ -62,7 +65,12 @@ def selector_figures(call: AttentionCall, eps: float) -> dict:
     seen = visible.sum(-1).expand(B, 1, T)  # [B, 1, T] keys each query can see
     bites = seen > sel.picked  # [B, 1, T]
     out["bites"] = bool(bites.any())
-    out["keys_per_query"] = {"declared": min(sel.topk, T), "realized": None}
+    chosen = sel.chosen(Tk) & visible  # [B, 1, T, Tk]
+    half, shift = T // 2, Tk - T  # query t sits at key position t + shift
+    past = chosen[:, 0, half:, :half + shift].sum(-1)  # [B, T - T/2]
+    out["past_future_keys"] = {"declared": min(sel.topk, half),
+                               "realized": float(past.double().mean()) if half else None,
+                               "realized_max": int(past.max()) if half else None}
     for key in ("keys_kept", "dense_mass", "topk_overlap"):
         out[key] = None
     if sel.scores is not None and sel.shared_from is None:
@@ -72,10 +80,8 @@ def selector_figures(call: AttentionCall, eps: float) -> dict:
                          "shape": metrics["shape"]}
     if not out["bites"]:
         return out  # T <= k: every visible key kept, nothing to compare
-    chosen = sel.chosen(Tk) & visible  # [B, 1, T, Tk]
     kept = chosen.sum(-1)  # [B, 1, T]
     rows = bites.expand(B, H, T)  # [B, H, T]
-    out["keys_per_query"]["realized"] = float(kept[bites].double().mean())
     out["keys_kept"] = float((kept / seen.clamp(min=1))[bites].double().mean())
     mass, overlap = [], []
     for block in row_blocks(dense):
