@@ -2,10 +2,11 @@
 
 The softmax block with a window (Mistral, Longformer's local attention): projections, RoPE
 and GQA/MQA are `softmax`'s own, and so are its options `rope: false`, `sinks` (gpt-oss's
-windowed layers) and `output_gate`; `chunk` is refused (a chunked layer is softmax's). The rank story: the past->future block M[t:, :t] of a band
-matrix is nonzero only in its top-right W-1 x W-1 corner (a query at t + i sees keys back
-to t + i - W + 1), so its rank is at most min(W - 1, T/2) whatever the weights; the logits
-stay capped by K, the value path by G*V, and the decoding state by the W cached keys.
+windowed layers) and `output_gate`; `chunk` is refused (a chunked layer is softmax's).
+The rank story: the past->future block M[t:, :t] of a band matrix is nonzero only in its
+top-right W-1 x W-1 corner (a query at t + i sees keys back to t + i - W + 1), so its rank
+is at most min(W - 1, T/2) whatever the weights; the logits stay capped by K, the value
+path by G*V, and the decoding state by the W cached keys.
 The budget is softmax's own (`budgets.attention_budget`, given `window`).
 
 Kernels (the attention registry): `sdpa` over a band (in blocks of queries when the band is
