@@ -31,10 +31,11 @@ from ..config import TrainConfig
 from .devices import processes
 
 # train.precision -> (param_dtype, reduce_dtype) of FSDP's MixedPrecisionPolicy; the
-# precisions not listed keep the parameters' own dtype (32-true, or bf16-true, which
-# Lightning converts the module to before it is sharded)
-POLICIES = {"bf16-mixed": (torch.bfloat16, torch.float32),
-            "16-mixed": (torch.float16, torch.float32)}
+# precisions not listed keep the parameters' own dtype (32-true, or bf16-true and 16-true,
+# which Lightning converts the module to before it is sharded). Lightning's
+# ModelParallelStrategy refuses 16-mixed (fit.check_trainer says so in one line).
+POLICIES = {"bf16-mixed": (torch.bfloat16, torch.float32)}
+
 
 def fsdp_strategy(train: TrainConfig):
     """Lightning's ModelParallelStrategy as pure FSDP2 over every process of every node."""

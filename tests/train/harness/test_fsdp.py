@@ -116,8 +116,10 @@ def test_fsdp_trains_what_one_process_trains(one_process, fsdp):
 def test_every_layer_is_sharded_half_on_each_rank(config, fsdp):
     proc, _ = fsdp
     assert proc.returncode == 0, proc.stderr[-3000:]
-    held = [json.loads((config.parent / "shards" / f"rank{r}.json").read_text())
+    seen = [json.loads((config.parent / "shards" / f"rank{r}.json").read_text())
             for r in (0, 1)]
+    assert seen[0]["compute_dtypes"] == ["torch.float32"]
+    held = [s["parameters"] for s in seen]
     layers = [name for name in held[0] if name.startswith("layers.")]
     assert layers and held[0].keys() == held[1].keys()
     lines = []
@@ -163,8 +165,13 @@ def test_killed_at_a_step_and_resumed_ends_as_the_uninterrupted_run(config, fsdp
 
 def test_bf16_mixed_under_fsdp_runs(config, one_process):
     runs = config.parent / "bf16"
-    proc = launch(config, runs, "train.strategy=fsdp", "train.precision=bf16-mixed")
+    shards = config.parent / "bf16_shards"
+    proc = launch(config, runs, "train.strategy=fsdp", "train.precision=bf16-mixed",
+                  env={"RANKZOO_TEST_SHARDS": str(shards)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in (0, 1):  # FSDP's MixedPrecisionPolicy: the gathered weights cast to bf16
+        assert json.loads((shards / f"rank{r}.json").read_text())["compute_dtypes"] == \
+            ["torch.bfloat16"]
     gap = max(abs(a - b) for a, b in zip(losses(runs), losses(one_process), strict=True))
     assert 0 < gap < 0.05  # bf16 compute: close to fp32, not equal
     assert all(t.dtype == torch.float32 for t in weights(runs).values())  # fp32 masters
