@@ -65,7 +65,7 @@ from .config import StrictConfig, positive_int, require
 from .facts import Facts, Sizing, divisors
 from .ops.precision import upcast_16bit
 from .ops.sparse import SPARSE, SparseSpec
-from .ops.sparse.select import block_selection, index_scores_at, token_selection
+from .ops.sparse.select import block_selection, indexer_kl, token_selection
 from .registry import register
 from .rope import apply_rope
 
@@ -326,18 +326,12 @@ class SparseAttention(Block):
 
     def indexer_loss(self, index, valid: torch.Tensor, chosen: torch.Tensor
                      ) -> torch.Tensor | None:
-        """weight x KL(p || softmax(indexer scores)) over the selected keys, averaged over
-        queries: p the selected attention [B, H, T, n] averaged over heads, detached. None
+        """weight x the indexer's KL to the selected attention (select.py's indexer_kl); None
         without gradients, without an indexer or at weight 0."""
         weight = self.config.indexer_loss_weight
         if index is None or weight == 0 or not torch.is_grad_enabled():
             return None
-        qi, ki, wi, idx = index
-        scores = index_scores_at(qi, ki, wi, idx).float()  # [B, T, n]
-        logp = torch.log_softmax(scores.masked_fill(~valid, torch.finfo(scores.dtype).min), -1)
-        p = chosen.detach().float().mean(1)  # [B, T, n]: rows sum to one over the valid
-        kl = (torch.xlogy(p, p) - p * logp).masked_fill(~valid, 0).sum(-1)  # [B, T]
-        return weight * kl.mean()
+        return weight * indexer_kl(*index, valid, chosen)
 
     def _init_cache(self, batch: int, max_len: int) -> SparseCache:
         c, p = self.config, self.q_proj.weight
@@ -367,8 +361,7 @@ class SparseAttention(Block):
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per query head [B, H, T, V]: y = o_proj(M @ value_heads(x))."""
-        return expand_heads(split_heads(self.v_proj, x, self.config.kv_heads),
-                            self.config.n_heads)
+        return expand_heads(self.keys_values(x)[1], self.config.n_heads)
 
     def _weight_matrices(self) -> dict[str, torch.Tensor]:
         c = self.config
@@ -422,13 +415,25 @@ class SparseAttention(Block):
         c = self.config
         shape = c.shape()
         said, self._said = self._said, (c, seq_len)
-        if selection_covers(shape, seq_len) and said != (c, seq_len + 1):  # not twice for
-            # pick's and blocks' decode step, the budget at T - 1 read right after T's
-            log.warning("rankzoo: sparse top_k (%d%s) covers seq_len %d: the selection cannot "
-                        "bite, every causal key is attended", c.top_k,
-                        f" blocks of {c.block_size}" if c.selection == "block" else "", seq_len)
+        if said != (c, seq_len + 1):  # not twice for pick's and blocks' decode step (T - 1)
+            for note in covering(c, seq_len):
+                log.warning("rankzoo: sparse %s", note)
         linears = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return sparse_caps(self.kind, seq_len, shape, self.param_count(), 2 * linears)
+
+
+def covering(c: SparseConfig, seq_len: int) -> list[str]:
+    """What does not bite at length T: a top_k (of keys or blocks) or a window that covers
+    every causal key there. The forward accepts both; the budget says so."""
+    notes = []
+    if selection_covers(c.shape(), seq_len):
+        blocks = f" blocks of {c.block_size}" if c.selection == "block" else ""
+        notes.append(f"top_k ({c.top_k}{blocks}) covers seq_len {seq_len}: the selection "
+                     "cannot bite, every causal key is attended")
+    if c.local_window is not None and c.local_window >= seq_len:
+        notes.append(f"local_window ({c.local_window}) covers seq_len {seq_len}: the window "
+                     "branch sees every causal key")
+    return notes
 
 
 def describe(c: SparseConfig) -> str:
@@ -443,5 +448,3 @@ def describe(c: SparseConfig) -> str:
         out += f", W={c.local_window}"
     return out + (", sigmoid" if c.gate == "sigmoid" else "")
 
-
-__all__ = ["SparseAttention", "SparseCache", "SparseConfig"]

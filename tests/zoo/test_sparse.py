@@ -184,7 +184,11 @@ def test_a_selection_that_cannot_bite_is_said(caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rankzoo"):
         build("dsa-k4").budget(5)
+        build("dsa-k3-mean3-W5").budget(6)
     assert caplog.text == ""
+    with caplog.at_level(logging.WARNING, logger="rankzoo"):
+        build("dsa-k3-mean3-W5").budget(5)
+    assert "local_window (5) covers seq_len 5: the window branch sees every" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -32,6 +32,17 @@ def index_scores_at(qi: torch.Tensor, ki: torch.Tensor, wi: torch.Tensor,
     return torch.einsum("bti,btin->btn", wi, torch.relu(torch.einsum("btid,btnd->btin", qi, kg)))
 
 
+def indexer_kl(qi, ki, wi, idx: torch.Tensor, valid: torch.Tensor,
+               chosen: torch.Tensor) -> torch.Tensor:
+    """KL(p || softmax(indexer scores)) over the selected keys idx [B, Tq, n] (valid [B, Tq,
+    n]), averaged over queries: p the selected attention chosen [B, H, Tq, n] averaged over
+    heads and detached, as DSA's sparse stage trains its indexer."""
+    scores = index_scores_at(qi, ki, wi, idx).float()  # [B, Tq, n]
+    logp = torch.log_softmax(scores.masked_fill(~valid, torch.finfo(scores.dtype).min), -1)
+    p = chosen.detach().float().mean(1)  # [B, Tq, n]: rows sum to one over the valid
+    return (torch.xlogy(p, p) - p * logp).masked_fill(~valid, 0).sum(-1).mean()
+
+
 def top(scores: torch.Tensor, allowed: torch.Tensor, n: int):
     """The n best allowed entries of the last dim, in ascending position, and which are
     allowed. Ties at the n-th value go to the earliest positions: topk gives that value,
