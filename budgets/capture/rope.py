@@ -42,7 +42,7 @@ import torch
 ROTARY_PREFIXES = ("apply_rotary_pos_emb", "apply_rotary_emb", "_apply_rotary_emb", "apply_rope")
 # relative agreement a match needs, in units of the dtype's resolution (fp32's at least: a
 # rotation may compute in fp32 what an fp64 model holds, as llama4's does)
-TOLERANCE_EPS = 64
+TOLERANCE_EPS = 16
 
 
 def _heads_second(x: torch.Tensor, T: int) -> list[torch.Tensor]:
