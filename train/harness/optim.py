@@ -45,6 +45,10 @@ class Combined(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for optimizer, state in zip(self.optimizers, state_dict["optimizers"], strict=True):
             optimizer.load_state_dict(state)
+        # torch's load_state_dict gives each inner optimizer new group dicts: without
+        # these again, the schedule would set the lr of groups no optimizer reads, and a
+        # resumed run would train on at its checkpoint's lr
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
 
 
 def muon_params(model: DecoderLM) -> list[nn.Parameter]:

@@ -188,6 +188,18 @@ def test_muon_gets_only_hidden_matrices():
     assert rest | hidden == {id(p) for p in model.parameters()} and not rest & hidden
 
 
+def test_the_schedule_reaches_both_optimizers_after_a_resume():
+    """A resume loads the state dict: torch then gives each inner optimizer new group
+    dicts, which the lr schedule (stepping Combined's groups) must still reach."""
+    module = tiny_module("muon", 1e-3)
+    optimizer = build_optimizer(module.model, module.config["train"])
+    optimizer.load_state_dict(optimizer.state_dict())
+    for i, group in enumerate(optimizer.param_groups):
+        group["lr"] = 0.5 + i
+    inner = [g for o in optimizer.optimizers for g in o.param_groups]
+    assert [g["lr"] for g in inner] == [0.5 + i for i in range(len(inner))]
+
+
 def test_lion_missing_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "lion_pytorch", None)  # import fails
     module = tiny_module("lion", 1e-4)
