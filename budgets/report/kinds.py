@@ -5,9 +5,10 @@ them), realized against the caps their kind declares.
     kinds = kind_summary(report_layers, {"global": "softmax", ...})   # build_hf_report's rows
 
 A sliding-window layer declares what zoo's sliding_window block declares (past->future
-cap W - 1), a global one what zoo's softmax block declares (T / 2): the same formula,
-budgets/budget.py's attention_budget, so each kind is compared with the zoo block that
-declares the same caps. Which block that is, the caller says (budgets does not know zoo):
+cap W - 1), a global one what zoo's softmax block declares (T / 2), a chunked one what of
+its chunk crosses T / 2: the same formula, budgets/budget.py's attention_budget, so each
+kind is compared with the zoo block that declares the same caps (none, where no block's
+facts mirror the kind: chunked layers today). Which block that is, the caller says (budgets does not know zoo):
 train reads it from the blocks' own `facts.mirrors` (train/hf/probe.py zoo_blocks).
 """
 
