@@ -8,8 +8,9 @@ A sliding-window layer declares what zoo's sliding_window block declares (past->
 cap W - 1), a global one what zoo's softmax block declares (T / 2), a chunked one what of
 its chunk crosses T / 2: the same formula, budgets/budget.py's attention_budget, so each
 kind is compared with the zoo block that declares the same caps (none, where no block's
-facts mirror the kind: chunked layers today). Which block that is, the caller says (budgets does not know zoo):
-train reads it from the blocks' own `facts.mirrors` (train/hf/probe.py zoo_blocks).
+facts mirror the kind: chunked layers today). Which block that is, the caller says
+(budgets does not know zoo): train reads it from the blocks' own `facts.mirrors`
+(train/hf/probe.py zoo_blocks).
 """
 
 from __future__ import annotations
