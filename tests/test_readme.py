@@ -41,6 +41,7 @@ RUN: dict[str, tuple[str | None, str]] = {
     "rankzoo tokenize corpus/*.txt --tokenizer tokenizer.json --out shards/": (
         None, "on a corpus/ and a tokenizer.json the test writes, standing in for the "
               "user's"),
+    "rankzoo export runs/quick/mha --out models/quick-mha": (None, "on the 8-step main job"),
     "rankzoo claims --hf DIR --text README.md --seq-len 128": (
         None, "DIR: the tiny random Llama of 6 layers the README names, built offline"),
     "python -m examples.nanogpt.train": (
@@ -123,11 +124,11 @@ def test_the_inventory_finds_what_a_reader_sees():
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """A directory that holds the repository's files as its root does (links), where the
-    commands' own writes (runs/, figures/, shards/) land instead of the checkout; and
+    commands' own writes (runs/, figures/, shards/, models/) land instead of the checkout; and
     the user's files the README names: DIR (a tiny Llama), corpus/, tokenizer.json."""
     top = tmp_path_factory.mktemp("readme")
     for entry in ROOT.iterdir():
-        if entry.name not in ("runs", "figures", "shards", "DIR", "corpus") \
+        if entry.name not in ("runs", "figures", "shards", "models", "DIR", "corpus") \
                 and not entry.name.startswith("."):
             (top / entry.name).symlink_to(entry)
     return top
