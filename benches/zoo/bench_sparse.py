@@ -75,7 +75,7 @@ def agreement() -> Table:
     return table
 
 
-def presets(T: int) -> dict[str, dict]:
+def presets() -> dict[str, dict]:
     """The block's presets at d_model 256 and 4 heads (zoo/sparse.py's variants)."""
     return {label.split("(")[1].rstrip(")"): kwargs
             for label, kwargs in zoo.block_class("sparse").variants(256, 4)}
@@ -104,37 +104,37 @@ def selection_only(block, x: torch.Tensor):
     return step
 
 
-def timings(args: argparse.Namespace) -> Table:
-    table = Table(title=f"fwd+bwd, B=1 d_model 256, 4 heads, fp32, {torch.get_num_threads()} "
-                        "threads")
+def timings(T: int, repeats: int) -> Table:
+    """One length's table (each printed as soon as it is measured)."""
+    table = Table(title=f"fwd+bwd at T = {T}, B=1 d_model 256, 4 heads, fp32, "
+                        f"{torch.get_num_threads()} threads")
     for column in ("T", "block", "knobs", "ms", "/ SDPA", "select ms", "share", "aux loss"):
         table.add_column(column, justify="left" if column in ("block", "knobs") else "right")
-    for T in args.lengths:
-        x = torch.randn(1, T, 256, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    x = torch.randn(1, T, 256, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    torch.manual_seed(0)
+    sdpa = zoo.build("softmax", d_model=256, n_heads=4, backend="sdpa")
+    base = best_seconds(fwd_bwd(sdpa, x), repeats)
+    table.add_row(str(T), "softmax (MHA)", "sdpa", f"{1e3 * base:.0f}", "1.00", "", "", "")
+    for name, kwargs in presets().items():
         torch.manual_seed(0)
-        sdpa = zoo.build("softmax", d_model=256, n_heads=4, backend="sdpa")
-        base = best_seconds(fwd_bwd(sdpa, x), args.repeats)
-        table.add_row(str(T), "softmax (MHA)", "sdpa", f"{1e3 * base:.0f}", "1.00", "", "", "")
-        for name, kwargs in presets(T).items():
+        block = zoo.build("sparse", d_model=256, n_heads=4, **kwargs)
+        total = best_seconds(fwd_bwd(block, x), repeats)
+        select = best_seconds(selection_only(block, x), repeats)
+        aux = ""
+        if block.config.selection == "token":
             torch.manual_seed(0)
-            block = zoo.build("sparse", d_model=256, n_heads=4, **kwargs)
-            total = best_seconds(fwd_bwd(block, x), args.repeats)
-            select = best_seconds(selection_only(block, x), args.repeats)
-            aux = ""
-            if block.config.selection == "token":
-                torch.manual_seed(0)
-                plain = zoo.build("sparse", d_model=256, n_heads=4, indexer_loss_weight=0.0,
-                                  **kwargs)
-                aux = f"{100 * (1 - best_seconds(fwd_bwd(plain, x), args.repeats) / total):.0f}%"
-            table.add_row("", f"sparse ({name})", zoo.sparse.describe(block.config),
-                          f"{1e3 * total:.0f}", f"{total / base:.2f}", f"{1e3 * select:.0f}",
-                          f"{100 * select / total:.0f}%", aux)
+            plain = zoo.build("sparse", d_model=256, n_heads=4, indexer_loss_weight=0.0,
+                              **kwargs)
+            aux = f"{100 * (1 - best_seconds(fwd_bwd(plain, x), repeats) / total):.0f}%"
+        table.add_row("", f"sparse ({name})", zoo.sparse.describe(block.config),
+                      f"{1e3 * total:.0f}", f"{total / base:.2f}", f"{1e3 * select:.0f}",
+                      f"{100 * select / total:.0f}%", aux)
     table.caption = ("/ SDPA: the block's time over softmax's on SDPA at the same length; "
                      "select: the selection alone (no gradients; it has none), and its share "
                      "of the block's fwd+bwd; aux loss: the share of the indexer's KL loss "
                      "(fwd+bwd with it against without). T x T work: the indexer's scores "
-                     f"(2 I d_I per key pair) and their sort; T = {max(args.lengths)} holds "
-                     f"{math.ceil(max(args.lengths) / 128)} chunks of 128 queries")
+                     f"(2 I d_I per key pair) and their top-k, over {math.ceil(T / 128)} "
+                     "chunks of 128 queries")
     return table
 
 
@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=140)
     console.print(f"machine: {machine()}, torch {torch.__version__}")
     console.print(agreement())
-    console.print(timings(args))
+    for T in args.lengths:
+        console.print(timings(T, args.repeats))
 
 
 if __name__ == "__main__":
