@@ -32,6 +32,7 @@ VARIANTS = {
     "linear": {"block": "linear", "feature_dim": 4},
     "ssm": {"block": "ssm", "d_state": 4},
     "delta": {"block": "delta", "gate": "scalar"},
+    "sparse": {"block": "sparse", "top_k": 4},  # DSA's selection, biting at T = 8 and past
     "local_global": {"pattern": ["local", "global"], "blocks": {
         "local": {"block": "sliding_window", "window": 4}, "global": {"block": "mla"}}},
     "ssm_attention": {"layers": [{"block": "ssm", "d_state": 4}, {"block": "softmax"}]},
