@@ -3,8 +3,8 @@ a finder on `sys.meta_path` that wraps the real loader of the modules it watches
 
 zoo/hf/__init__.py uses it to register rankzoo's classes with transformers' Auto classes
 when (and only when) a program imports them, so `import zoo` stays free of transformers'
-two-second import. Measured with `python -X importtime -c "import zoo"`: the finder adds
-well under a millisecond.
+two-second import. Measured with `python -X importtime -c "import zoo"`: zoo.hf and this
+finder add about a millisecond (1.0 ms cumulative, of ~0.8 s for torch and the blocks).
 """
 
 from __future__ import annotations
