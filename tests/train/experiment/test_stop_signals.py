@@ -26,11 +26,12 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL") or not Path("/pro
 
 ROOT = Path(__file__).resolve().parents[3]
 # two variants long enough to be stopped in the middle (hundreds of steps past the first
-# checkpoint) and short enough to resume in a few seconds side by side
+# checkpoint) and short enough to resume in a few seconds side by side; on Muon, as the
+# main job trains (its two optimizers must take the schedule after a resume too)
 CONFIG = tiny_experiment(
     name="stopped", variants={"mha": {"block": "softmax"}, "mqa": MQA}, data={"train_size": 512},
-    train={"max_steps": 1000, "val_every_n_steps": 500, "checkpoint_every_n_steps": 5,
-           "log_every_n_steps": 50},
+    train={"optimizer": "muon", "lr": 0.01, "max_steps": 1000, "val_every_n_steps": 500,
+           "checkpoint_every_n_steps": 5, "log_every_n_steps": 50},
     monitor={"every_n_steps": 250})
 ORPHAN_SECONDS = 15  # a worker whose parent is gone is gone itself within this
 
