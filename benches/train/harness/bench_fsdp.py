@@ -4,14 +4,16 @@
         [--d-model D] [--layers L] [--accelerator cpu|gpu]
 
 Trains one config (a 2-layer d_model 256 softmax model on the Markov language by default)
-three times with `rankzoo train`: on 1 process, on 2 under DDP (train.strategy ddp) and on
-2 under FSDP (train.strategy fsdp, train/harness/sharding.py), the same global batch
-(data.batch_size) in each. It prints per run the tokens per second of its fit (the report's
-tokens_per_second: every step's tokens over the fit's seconds, validation and the rank
-monitor kept rare), the final training loss (equal where the runs compute the same), and
-each process's peak resident memory (its own ru_maxrss, written as it exits). On a CPU
-FSDP trades memory for communication: each rank holds half the weights, gradients and
-optimizer state, and gathers a layer's weights for its forward and again for its backward.
+four times with `rankzoo train`: on 1 process (on torch's threads, one per core, and on 1
+thread, as Lightning runs each of several processes on a CPU), on 2 under DDP
+(train.strategy ddp) and on 2 under FSDP (train.strategy fsdp, train/harness/sharding.py),
+the same global batch (data.batch_size) in each. It prints per run the tokens per second
+of its fit (the report's tokens_per_second: every step's tokens over the fit's seconds,
+validation and the rank monitor kept rare), the final training loss (equal where the runs
+compute the same), and each process's peak resident memory (its own ru_maxrss, written as
+it exits). On a CPU FSDP trades memory for communication: each rank holds half the
+weights, gradients and optimizer state, and gathers a layer's weights for its forward and
+again for its backward.
 Everything is written into a temporary directory that is removed afterwards.
 """
 
@@ -32,8 +34,11 @@ import yaml
 PROG = "python -m benches.train.harness.bench_fsdp"
 WORKER = "--worker"  # argv[1] of the launches: train through main, record peak memory
 RSS_DIR = "RANKZOO_BENCH_RSS"
-RUNS = {"1 process": [], "2-process DDP": ["train.devices=2", "train.strategy=ddp"],
-        "2-process FSDP": ["train.devices=2", "train.strategy=fsdp"]}
+# name -> (overrides, environment): 1 process on torch's threads (one per core) and on 1,
+# as Lightning gives each of 2 processes on a CPU
+RUNS = {"1 process": ([], {}), "1 process, 1 thread": ([], {"OMP_NUM_THREADS": "1"}),
+        "2-process DDP": (["train.devices=2", "train.strategy=ddp"], {}),
+        "2-process FSDP": (["train.devices=2", "train.strategy=fsdp"], {})}
 
 
 def config(args) -> dict:
@@ -64,16 +69,16 @@ def record_peak_memory() -> None:
     atexit.register(write)
 
 
-def run(name: str, overrides: list[str], cfg: Path, tmp: Path) -> dict:
-    rss = tmp / "rss" / name.replace(" ", "_")
+def run(name: str, overrides: list[str], extra_env: dict, cfg: Path, tmp: Path) -> dict:
+    rss = tmp / "rss" / "_".join(name.replace(",", "").split())
     rss.mkdir(parents=True)
-    runs = tmp / name.replace(" ", "_")
+    runs = rss.parent.parent / rss.name
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_PORT")}
     proc = subprocess.run(
         [sys.executable, "-m", "benches.train.harness.bench_fsdp", WORKER, "train", str(cfg),
          *overrides, "--runs-dir", str(runs), "--format", "json"],
-        env={**env, RSS_DIR: str(rss)}, capture_output=True, text=True)
+        env={**env, **extra_env, RSS_DIR: str(rss)}, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"{PROG}: {name} failed:\n{proc.stderr[-3000:]}")
     metrics = json.loads((runs / "bench_fsdp" / "mha" / "report.json").read_text())
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "bench_fsdp.yaml"
         cfg.write_text(yaml.safe_dump(config(args)))
-        results = {name: run(name, overrides, cfg, Path(tmp)) for name, overrides in RUNS.items()}
+        results = {name: run(name, overrides, env, cfg, Path(tmp))
+                   for name, (overrides, env) in RUNS.items()}
     print(f"{args.layers}-layer d_model {args.d_model}, global batch {args.batch_size} x "
           f"{args.seq_len} tokens, {args.steps} steps, {args.accelerator} "
           f"({os.cpu_count()} cores)")
