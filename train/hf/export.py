@@ -6,8 +6,8 @@
 The directory holds config.json (model_type "rankzoo": the run's DecoderLM sizes and one
 block spec per layer, so every family and every layer pattern exports alike),
 model.safetensors (the checkpoint's weights under `model.`), generation_config.json and,
-when the run read its text through a tokenizer (data.tokenizer: a tokenizer.json, or a
-model directory holding one), that tokenizer. It is written beside the target under a
+when the run read its text through a tokenizer (data.tokenizer: a tokenizer.json, a
+model directory holding one, or a bpe:N, the one its corpus trained), that tokenizer. It is written beside the target under a
 temporary name and renamed into place: a directory is complete or absent. A non-empty
 target is refused; nothing is overwritten.
 """
@@ -97,8 +97,27 @@ def tokenizer_files(config: dict[str, Any]) -> tuple[list[tuple[Path, str]], str
     if path.is_dir() and (path / TOKENIZER_FILE).is_file():
         return [(path / name, name) for name in (TOKENIZER_FILE, *TOKENIZER_EXTRAS)
                 if (path / name).is_file()], None
-    return [], (f"no tokenizer: data.tokenizer {spec!r} is not a tokenizer.json on disk here "
-                "(a bpe:N lives in rankzoo's cache; name its file to export it)")
+    trained = trained_bpe_file(config["data"])
+    if trained is not None:
+        return [(trained, TOKENIZER_FILE)], None
+    return [], (f"no tokenizer: data.tokenizer {spec!r} is not a tokenizer.json on disk here, "
+                "nor a bpe:N whose training text is")
+
+
+def trained_bpe_file(data: dict[str, Any]) -> Path | None:
+    """The tokenizer.json of a text run's bpe:N, the one its corpus trained (from the
+    cache, or trained again on the same text: the same file); None where the corpus is
+    not on disk here."""
+    from ..data.text import TextSpec, tokenizer_json
+    from ..data.tokenizer import bpe_size
+
+    if data.get("task") != "text" or bpe_size(str(data.get("tokenizer"))) is None:
+        return None
+    keys = ("paths", "seq_len", "max_bytes", "val_fraction", "pattern", "tokenizer")
+    try:
+        return tokenizer_json(TextSpec.from_dict({k: data[k] for k in keys if k in data}))
+    except (OSError, ValueError):  # the corpus moved or is gone
+        return None
 
 
 def write_tokenizer(files: list[tuple[Path, str]], out: Path, max_len: int) -> None:

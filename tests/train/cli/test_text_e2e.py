@@ -89,3 +89,18 @@ def test_shards_from_tokenize_train_and_a_bad_id_is_refused(tmp_path, capsys, mo
     assert err == [f"rankzoo: error: token shard '{tmp_path / 'bad.bin'}': token id 300 at "
                    f"token offset 40 (byte offset 1,104) is outside the vocabulary "
                    f"(data.vocab_size 300)"]
+
+
+def test_an_exported_variant_carries_the_bpe_it_trained_on(trained, tmp_path, capsys,
+                                                           monkeypatch):
+    run, cached, _ = trained
+    monkeypatch.setenv("RANKZOO_CACHE", str(run.parent.parent / "cache"))
+    assert main(["export", str(run / "mha"), "--out", str(tmp_path / "hf"),
+                 "--format", "json"]) == 0
+    capsys.readouterr()
+    from tokenizers import Tokenizer
+
+    bpe = Tokenizer.from_file(str(next((run.parent.parent / "cache").rglob("bpe-300-*.json"))))
+    out = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    text = "def parse(self):\n    return json.loads(data)\n"
+    assert out.encode(text).ids == bpe.encode(text).ids and out.get_vocab() == bpe.get_vocab()
