@@ -1,6 +1,6 @@
 """Sparse attention (zoo/sparse.py): fp64 agreement, and fwd+bwd against softmax on SDPA.
 
-    python -m benches.zoo.bench_sparse [--lengths 2048 8192] [--repeats 3]
+    python -m benches.zoo.bench_sparse [--lengths 2048 8192] [--repeats 3] [--threads N]
 
 1. fp64 agreement (B=2, T=100, d_model 32, 4 heads; the three presets' knobs scaled down):
    the largest absolute difference between the gathered path and the reference, between
@@ -142,7 +142,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's threads (default: torch's choice); 1 on busy cores, "
+                             "where a team of threads waits at every barrier")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     console = Console(width=140)
     console.print(f"machine: {machine()}, torch {torch.__version__}")
     console.print(agreement())
