@@ -86,20 +86,28 @@ class MonitorCallback(StepEnd):
         if is_sharded(model):
             state = full_state(model)  # a collective; the whole state on rank zero only
             if trainer.is_global_zero:
-                model = self.replica_of(state, pl_module.device)
+                return self.measure_replica(trainer, state, pl_module.device)
         if not trainer.is_global_zero:
             return None
+        return self.probe(trainer, model)
+
+    def probe(self, trainer, model: nn.Module) -> dict | None:
         step = trainer.global_step
         final = step >= trainer.max_steps > 0
         return self.monitor.measure(model, step, final=final, sinks=trainer.loggers)
 
-    def replica_of(self, state: dict, device: torch.device) -> nn.Module:
-        """The unsharded replica holding `state`, on the training device."""
+    def measure_replica(self, trainer, state: dict, device: torch.device) -> dict | None:
+        """Probe the unsharded replica holding `state` on the training device; between
+        measurements it waits on the CPU, so that rank zero's device holds its shard
+        alone, as the others' do."""
         if self.replica is None:
             raise RuntimeError("the rank monitor has no unsharded replica of a sharded model "
                                "(its setup ran after the model was sharded)")
         self.replica.load_state_dict(state)
-        return self.replica.to(device)
+        try:
+            return self.probe(trainer, self.replica.to(device))
+        finally:
+            self.replica.to("cpu")
 
 
 class RankMonitor(MonitorCallback):

@@ -111,6 +111,20 @@ def test_fsdp_trains_what_one_process_trains(one_process, fsdp):
     # the report reads the checkpoint in one process: full, unsharded tensors
     assert all(type(t) is torch.Tensor for t in weights(runs).values())
     assert main(["report", str(runs / "fsdp"), "--format", "json"]) == 0
+    # the monitor probed the gathered weights: the figures one process measured
+    sharded, whole = (numbers([json.loads(line) for line in (r / "fsdp" / "mha" / "ranks.jsonl")
+                               .read_text().splitlines()]) for r in (runs, one_process))
+    assert sharded.keys() == whole.keys() and len(whole) > 50
+    assert max(abs(sharded[k] - whole[k]) / max(1.0, abs(whole[k])) for k in whole) < 1e-4
+
+
+def numbers(tree, path: str = "") -> dict[str, float]:
+    """Every number of a JSON tree, by its path."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in numbers(sub, f"{path}/{key}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, sub in enumerate(tree) for k, v in numbers(sub, f"{path}/{i}").items()}
+    return {path: float(tree)} if isinstance(tree, (int, float)) else {}
 
 
 def test_every_layer_is_sharded_half_on_each_rank(config, fsdp):
