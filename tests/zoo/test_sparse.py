@@ -70,10 +70,17 @@ def test_gathered_equals_reference_with_all_gradients_fp64(label):
 def test_output_is_the_mixing_matrix_of_the_value_path(label, backend):
     """y == o_proj(M @ V) in fp64, compressed slots folded back to their tokens; M's rows
     carry the gates' sum (1 for the selection alone) where every branch sees a key."""
-    block, x = build(label, backend=backend), x_of()
+    block, x = build(label, backend=backend), x_of().requires_grad_()
     M = block._mixing_matrices(x)  # [B, H, T, T], fp64 (the contract's own casts to fp32)
-    torch.testing.assert_close(readout(block, M @ block.value_heads(x)), block(x),
-                               atol=1e-12, rtol=1e-10)
+    rebuilt, y = readout(block, M @ block.value_heads(x)), block(x)
+    torch.testing.assert_close(rebuilt, y, atol=1e-12, rtol=1e-10)
+    inputs = [x, *block.parameters()]  # the same gradients too (the indexer's: none in either)
+    for a, b in zip(torch.autograd.grad(rebuilt.sum(), inputs, allow_unused=True),
+                    torch.autograd.grad(y.sum(), inputs, allow_unused=True), strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    M = M.detach()
     assert bool((M.triu(1) == 0).all()), "M reaches a future token"
     if block.config.gate == "none":
         torch.testing.assert_close(M.sum(-1), torch.ones_like(M[..., 0]))
