@@ -26,9 +26,10 @@ Values = Callable[[dict, int, int], Iterable[int]]
 # what a block keeps for decoding, as compress projects it: keys and values per KV head,
 # a latent per token (MLA), or a fixed-size recurrent state (linear attention, SSMs)
 CACHE_KINDS = ("kv", "latent", "state")
-# the layer kinds of a Hugging Face report's per-kind table (budgets/report/kinds.py); delta:
-# Gated DeltaNet's and KDA's layers (their math: budgets/mixing/delta.py)
-HF_KINDS = ("global", "sliding", "ssm", "delta")
+# the layer kinds of a Hugging Face report's per-kind table (budgets/report/kinds.py
+# mirror_kind); delta: Gated DeltaNet's and KDA's layers (their math: budgets/mixing/delta.py);
+# chunked: Llama 4's chunked attention; dsa: an indexer's top-k (DeepSeek V3.2, GLM-5)
+HF_KINDS = ("global", "sliding", "chunked", "ssm", "delta", "dsa")
 
 
 def divisors(n: int) -> list[int]:

@@ -173,7 +173,7 @@ class SoftmaxAttention(Block):
                "G = n_kv_heads: key/value heads shared by the H query heads (MHA: G = H; "
                "GQA: 1 < G < H; MQA: G = 1); caches keys and values of every token",
                lambda c: f"G={c.kv_heads}"),
-        cache="kv", mirrors=("global",))
+        cache="kv", mirrors=("global", "chunked"))  # chunked: its `chunk` option
 
     def __init__(self, config: SoftmaxConfig):
         super().__init__(config)

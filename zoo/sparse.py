@@ -196,7 +196,7 @@ class SparseAttention(Block):
                "the indexer's keys (d_I per token) and T/rate compressed slots",
                lambda c: describe(c),
                state=("n_kv_heads", lambda kw, D, T: divisors(kw["n_heads"]))),
-        cache="kv")
+        cache="kv", mirrors=("dsa",))  # DSA's layers: its token selection
 
     def __init__(self, config: SparseConfig):
         super().__init__(config)

@@ -26,6 +26,13 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def mirror_kind(kind: dict) -> str:
+    """The layer kind a zoo block mirrors (zoo/facts.py HF_KINDS): the attention kind, or
+    `dsa` for attention an indexer's top-k selects (its caps and cache are the sparse
+    family's, whatever the mask beneath)."""
+    return "dsa" if kind.get("topk") else kind["attention"]
+
+
 def kind_summary(layers: list[dict], zoo_blocks: Mapping[str, str] | None = None) -> list[dict]:
     """Per kind label, in first-seen order: its layers, the zoo block declaring the caps
     of its attention kind (`zoo_blocks`: attention kind -> block; None where none is
@@ -48,7 +55,7 @@ def kind_summary(layers: list[dict], zoo_blocks: Mapping[str, str] | None = None
         # each layer once: zamba's two Mamba scans of one layer are one layer of the kind
         out.append({"kind": label, "layers": list(dict.fromkeys(m["layer"] for m in members)),
                     # a zoo layer is its own block; an HF layer's kind names its caps' block
-                    "zoo_block": kind.get("zoo_block") or zoo_blocks.get(kind["attention"]),
+                    "zoo_block": kind.get("zoo_block") or zoo_blocks.get(mirror_kind(kind)),
                     "moe": kind["moe"],
                     "rows": rows})
     return out

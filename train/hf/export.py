@@ -7,9 +7,9 @@ The directory holds config.json (model_type "rankzoo": the run's DecoderLM sizes
 block spec per layer, so every family and every layer pattern exports alike),
 model.safetensors (the checkpoint's weights under `model.`), generation_config.json and,
 when the run read its text through a tokenizer (data.tokenizer: a tokenizer.json, a
-model directory holding one, or a bpe:N, the one its corpus trained), that tokenizer. It is written beside the target under a
-temporary name and renamed into place: a directory is complete or absent. A non-empty
-target is refused; nothing is overwritten.
+model directory holding one, or a bpe:N, the one its corpus trained), that tokenizer. It
+is written beside the target under a temporary name and renamed into place: a directory
+is complete or absent. A non-empty target is refused; nothing is overwritten.
 """
 
 from __future__ import annotations

@@ -338,15 +338,26 @@ def test_the_cli_reads_each_type_in_one_go(saved, text_file, capsys, model_type)
                                                               kind.get("chunk"))
 
 
-def test_emit_names_the_chunked_layers_it_has_no_block_for(saved, text_file, capsys, tmp_path):
+def test_emit_mirrors_chunked_and_nope_layers(saved, text_file, capsys, tmp_path):
+    """llama4's three chunked layers and its NoPE layer: softmax with `chunk` and with
+    `rope: false`, a pattern that loads and dry-runs; chunks not shorter than the
+    experiment's length are refused in one line, nothing written."""
+    from train.config.load import load_experiment
+
     path = tmp_path / "mirror.yaml"
-    code = main(["report", "--hf", str(saved("llama4_text")), "--text", str(text_file),
-                 "--seq-len", "64", "--probe-size", "1", "--emit", str(path), "--d-model",
-                 "64", "--n-heads", "4"])
+    args = ["report", "--hf", str(saved("llama4_text")), "--text", str(text_file),
+            "--seq-len", "64", "--probe-size", "1", "--d-model", "64", "--n-heads", "4"]
+    assert main([*args, "--emit", str(path)]) == 0
+    capsys.readouterr()
+    blocks = load_experiment(path).to_dict()["variants"]["pattern"]["blocks"]
+    assert blocks["chunked"]["chunk"] == 16 and blocks["chunked"].get("rope", True)
+    assert blocks["global"]["rope"] is False and "chunk" not in blocks["global"]
+    assert main(["train", str(path), "--dry-run"]) == 0
+    short = tmp_path / "short.yaml"
+    assert main([*args, "--emit", str(short), "--train-seq-len", "16"]) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("rankzoo: error")]
-    assert code == 2 and len(lines) == 1 and not path.exists()
-    assert "layers 0-2 ('chunked C=16')" in lines[0] and "no zoo block mirrors" in lines[0]
+    assert len(lines) == 1 and "chunks of C=16" in lines[0] and not short.exists()
 
 
 def test_a_config_whose_own_forward_fails_is_one_line(tmp_path, text_file, capsys):

@@ -96,7 +96,21 @@ def test_gpt_oss_alternates_and_says_what_is_not_mirrored(entry):
     assert m.raw["variants"]["pattern"]["pattern"] == ["local", "global"]
     assert m.raw["model"]["n_layers"] == 6  # three units
     assert m.raw["variants"]["pattern"]["blocks"]["local"]["window"] == 8
-    assert any("attention sinks" in n and "experts" in n for n in m.notes)
+    # its sinks are softmax's option; its experts (after the mixer) no zoo knob says
+    assert all(b["sinks"] is True for b in m.raw["variants"]["pattern"]["blocks"].values())
+    assert any("experts" in n for n in m.notes)
+    assert not any("sinks" in n for n in m.notes)
+
+
+@pytest.mark.parametrize("key", ["deepseek_v32", "glm_moe_dsa"])
+def test_dsa_layers_are_the_sparse_familys_token_selection(entry, key):
+    m = mirror_experiment(entry(key), SIZES, "dsa")
+    spec = m.raw["variants"]["dsa"]
+    assert spec == {"block": "sparse", "selection": "token", "top_k": 8, "n_kv_heads": 1}
+    assert not any("would select" in n for n in m.notes)  # k = 8 bites at T = 32: kept
+    short = mirror_experiment(entry(key), MirrorSizes(64, 4, 16), "dsa")
+    assert short.raw["variants"]["dsa"]["top_k"] == 4  # 8 would select half of 16 keys
+    assert any("top-k 8 would select" in n and "top_k=4" in n for n in short.notes)
 
 
 def test_bamba_is_its_ssm_then_attention(entry):

@@ -6,14 +6,21 @@ every layer, matched in parameters.
     raw, notes = emit_mirror(entry, "mirror.yaml", sizes)   # probe_hf's entry; loaded first
 
 Each kind maps to the zoo block that declares the same caps (train/hf/probe.py zoo_blocks:
-global -> softmax, sliding -> sliding_window, ssm -> ssm, and delta -> the block whose facts
-mirror it), with the checkpoint's knobs where the user's sizes allow them:
+global and chunked -> softmax, sliding -> sliding_window, ssm -> ssm, dsa -> sparse, and
+delta -> the block whose facts mirror it), with the checkpoint's knobs where the user's
+sizes allow them:
 
 - a window keeps the checkpoint's W (`--window` replaces it): what a local layer learns is
   local structure in tokens, which does not shrink with the context, and at the same W the
   run's local layers declare the checkpoint's caps (past->future W - 1), so the two reports
   compare per kind as they stand. A W not below the experiment's length would make the
-  local layers global, and is refused with the flags that fix it;
+  local layers global, and is refused with the flags that fix it; Llama 4's chunks of C
+  likewise (softmax's `chunk`);
+- NoPE layers keep no RoPE, learned sinks their sinks (softmax's `rope`, `sinks`);
+- a DSA layer (an indexer's top-k over its keys) is the sparse family's token selection
+  with the checkpoint's indexer heads; its top-k kept where it bites at the experiment's
+  length, else a quarter of that length, said in a note (DSA's 2048 of 128k tokens
+  selects a sixty-fourth; at 64 tokens the same k would select everything);
 - KV heads keep the checkpoint's share of the query heads (G / H), at the nearest divisor of
   `--n-heads` where that share is no whole number of heads;
 - an SSM keeps the checkpoint's state N, up to the largest N the zoo's ssm sizes at
@@ -38,6 +45,7 @@ from typing import Any
 import yaml
 
 import zoo
+from budgets.report.kinds import mirror_kind
 from zoo.facts import divisors
 
 from ...config.sections import MAX_LAYERS
@@ -48,7 +56,8 @@ from .pattern import LayerKind, decoder_kinds, ranges, runs_text, unit_length
 
 PATTERN = "pattern"  # the hybrid variant's name; its uniform counterparts take their kind's
 # a sub-block's name by its attention kind (a second kind of the same attention: local_2)
-SUB_BLOCK_NAMES = {"sliding": "local", "global": "global", "ssm": "ssm", "delta": "delta"}
+SUB_BLOCK_NAMES = {"sliding": "local", "global": "global", "chunked": "chunked", "ssm": "ssm",
+                   "delta": "delta", "dsa": "dsa"}
 MAX_PAIRS = 16  # MQAR's key-value pairs, at most; 4 tokens a pair (pick's rule)
 MIN_SEQ_LEN = 8  # two pairs, their queries and the gaps between them
 
@@ -169,7 +178,7 @@ def sub_block_names(unit: list[LayerKind]) -> dict[str, str]:
     for k in unit:
         if k.label in names:
             continue
-        base = SUB_BLOCK_NAMES.get(k.kind["attention"], k.kind["attention"])
+        base = SUB_BLOCK_NAMES.get(mirror_kind(k.kind), mirror_kind(k.kind))
         taken = sum(n == base or n.startswith(f"{base}_") for n in names.values())
         names[k.label] = base if not taken else f"{base}_{taken + 1}"
     return names
@@ -182,7 +191,7 @@ def refuse_unmirrored(layers: list[LayerKind], model: str) -> None:
     attention, short convolutions, ...) with its layers, rather than a nearest block."""
     blocks, missing = zoo_blocks(), {}
     for k in layers:
-        if k.kind["attention"] not in blocks:
+        if mirror_kind(k.kind) not in blocks:
             missing.setdefault(k.label, []).append(k.layer)
     if missing:
         what = "; ".join(f"layer{'s' if len(at) > 1 else ''} {ranges(at)} ({label!r})"
@@ -197,7 +206,7 @@ def mirrored_block(k: LayerKind, sizes: MirrorSizes, model: str
                    ) -> tuple[dict[str, Any], str, list[str]]:
     """(block spec, its comment in the file, notes) of one kind at the user's sizes."""
     blocks = zoo_blocks()
-    block = blocks.get(k.kind["attention"])
+    block = blocks.get(mirror_kind(k.kind))
     if block is None:
         raise ValueError(f"--emit: {model}'s layer {k.layer} ({k.label!r}) is of a kind no "
                          f"zoo block mirrors (they mirror {sorted(blocks)}); nothing was "
@@ -206,6 +215,8 @@ def mirrored_block(k: LayerKind, sizes: MirrorSizes, model: str
         return _ssm(k, block, sizes)
     if k.kind["attention"] == "delta":
         return _delta(k, block, sizes)
+    if mirror_kind(k.kind) == "dsa":
+        return _dsa(k, block, sizes)
     return _attention(k, block, sizes, model)
 
 
@@ -221,12 +232,36 @@ def _attention(k: LayerKind, block: str, sizes: MirrorSizes, model: str
                              f"as global ones do; pass --window W below {T} (e.g. {T // 4}) "
                              f"or a --train-seq-len above {W}")
         spec["window"] = W
+    if k.kind.get("chunk"):
+        C = int(k.kind["chunk"])
+        if C >= T:
+            raise ValueError(f"--emit: {model}'s chunks of C={C} (layer {k.layer}) are not "
+                             f"shorter than --train-seq-len {T}: its chunked layers would see "
+                             f"every token, as global ones do; pass a --train-seq-len above "
+                             f"{C}")
+        spec["chunk"] = C
     G, notes = kv_heads(k, H)
     spec["n_kv_heads"] = G
     if k.kind.get("rope") is False:  # NoPE layers, or learned positions (gpt2): no RoPE
         spec["rope"] = False
+    if k.kind.get("sinks"):  # learned per-head sinks (gpt-oss)
+        spec["sinks"] = True
     comment = f"{k.label}: G={G} of H={H} (the checkpoint: {k.kv_heads} of {k.heads})"
     return spec, comment, notes
+
+
+def _dsa(k: LayerKind, block: str, sizes: MirrorSizes) -> tuple[dict[str, Any], str, list[str]]:
+    """The sparse family's token selection (DSA's MQA beneath, one KV head); its top-k the
+    checkpoint's where it bites at the experiment's length, else a quarter of it."""
+    T, topk = sizes.seq_len, int(k.kind["topk"])
+    top_k = topk if topk < T // 2 else max(1, T // 4)
+    spec = {"block": block, "selection": "token", "top_k": top_k, "n_kv_heads": 1}
+    if k.kind.get("rope") is False:
+        spec["rope"] = False
+    notes = [] if top_k == topk else [
+        f"{k.label}: the checkpoint's top-k {topk} would select (nearly) every key at "
+        f"--train-seq-len {T}; mirrored with top_k={top_k}, a quarter of it"]
+    return spec, f"{k.label}: top_k={top_k} of T={T} (the checkpoint: {topk})", notes
 
 
 def kv_heads(k: LayerKind, n_heads: int) -> tuple[int, list[str]]:
@@ -288,10 +323,10 @@ def not_mirrored(layers: list[LayerKind]) -> list[str]:
     """What the checkpoint's layers do that no zoo block's knob says."""
     has = {
         "soft-capped attention logits": any(k.kind.get("softcap") for k in layers),
-        "attention sinks": any(k.kind.get("sinks") for k in layers),
         "experts after the mixer (the zoo's MLP is dense)": any(k.kind.get("moe")
                                                                for k in layers),
-        "MLA's latent cache (mirrored as softmax attention)": any(k.latent for k in layers),
+        "MLA's latent cache (mirrored with full keys and values)": any(k.latent
+                                                                        for k in layers),
         "Mamba-1's A per channel (the zoo's ssm is Mamba-2's, one A per head)": any(
             k.label.endswith("per channel") for k in layers),
     }
