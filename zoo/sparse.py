@@ -52,6 +52,7 @@ from budgets.mixing.sparse import (
     SparseShape,
     compress,
     expand_heads,
+    pending_elements,
     pool_weights,
     pooling_matrix,
     selection_covers,
@@ -65,13 +66,16 @@ from .config import StrictConfig, positive_int, require
 from .facts import Facts, Sizing, divisors
 from .ops.precision import upcast_16bit
 from .ops.sparse import SPARSE, SparseSpec
-from .ops.sparse.select import block_selection, indexer_kl, token_selection
+from .ops.sparse.select import block_selection, indexer_kl, slot_selection, token_selection
+from .ops.sparse.stream import stream_slots, window_keys
 from .registry import register
 from .rope import apply_rope
 
 log = logging.getLogger("rankzoo")
 
-SELECTIONS = {"token": "DSA's indexer", "block": "NSA's and MoBA's block means"}
+SELECTIONS = {"token": "DSA's indexer", "block": "NSA's and MoBA's block means",
+              "slots": "CSA's top-k compressed slots", "none": "HCA's every complete slot"}
+COMPRESSED_ONLY = ("slots", "none")  # no selected branch: nothing cached grows as T
 POOLINGS = ("none", "mean", "gated")
 GATES = ("none", "sigmoid")
 
@@ -84,8 +88,8 @@ class SparseConfig(StrictConfig):
     n_heads: int
     n_kv_heads: int | None = 1  # G; 1 as DSA's MQA; None: MHA
     head_dim: int | None = None  # K = V; None: d_model // n_heads
-    selection: str = "token"  # token (DSA) | block (NSA, MoBA)
-    top_k: int = 64  # keys (token) or blocks (block) each query attends to
+    selection: str = "token"  # token (DSA) | block (NSA, MoBA) | slots (CSA) | none (HCA)
+    top_k: int = 64  # keys (token), blocks (block) or slots (slots) each query attends to
     block_size: int = 64  # tokens per block of the block selection
     index_heads: int = 4  # I, the indexer's heads (token selection)
     index_dim: int | None = None  # d_I, its width (None: K); cached, d_I per token
@@ -120,10 +124,14 @@ class SparseConfig(StrictConfig):
         require(self.compress in POOLINGS,
                 f"compress {self.compress!r} unknown; known: {list(POOLINGS)}")
         require(self.gate in GATES, f"gate {self.gate!r} unknown; known: {list(GATES)}")
+        require(self.selection != "slots" or self.compress != "none",
+                "selection 'slots' picks among compressed slots: set compress: mean or gated")
+        require(len(self.branches) > 0, "selection 'none' needs a compressed branch or a "
+                "local_window: it has no selected branch")
         require(self.gate == "sigmoid" or len(self.branches) == 1,
                 f"gate 'none' takes the selection alone, but the branches are "
                 f"{list(self.branches)}: set gate: sigmoid to combine them")
-        require(self.compress == "none" or self.selection == "token"
+        require(self.compress == "none" or self.selection != "block"
                 or self.block_size % self.rate == 0,
                 f"rate ({self.rate}) must divide block_size ({self.block_size}): the "
                 f"compressed slots tile the selection's blocks")
@@ -150,7 +158,8 @@ class SparseConfig(StrictConfig):
     @property
     def branches(self) -> tuple[str, ...]:
         """The branches present, in budgets.mixing.sparse.BRANCHES' order."""
-        return (("selected",) + (("compressed",) if self.compress != "none" else ())
+        selected = () if self.selection in COMPRESSED_ONLY else ("selected",)
+        return (selected + (("compressed",) if self.compress != "none" else ())
                 + (("window",) if self.local_window is not None else ()))
 
     def shape(self) -> SparseShape:
@@ -165,7 +174,10 @@ class SparseConfig(StrictConfig):
 @dataclass
 class SparseCache:
     """Every token's keys and values, the indexer's keys, the complete slots and the
-    pooling logits (empty where the config has no such part); `length` tokens filled."""
+    pooling logits (empty where the config has no such part); `length` tokens filled. A
+    compressed-only layer (selection slots or none) keeps instead its window's last W keys
+    and values as a ring in k and v, and the incomplete slot's running pooling
+    (zoo/ops/sparse/stream.py)."""
 
     k: torch.Tensor  # [B, G, max_len, K]
     v: torch.Tensor  # [B, G, max_len, V]
@@ -173,6 +185,8 @@ class SparseCache:
     slot_k: torch.Tensor  # [B, G, max_len // rate, K] (compressed branch; else 0 slots)
     slot_v: torch.Tensor  # [B, G, max_len // rate, V]
     pool: torch.Tensor  # [B, G, max_len] gated pooling's logits (else 0 wide)
+    pending: torch.Tensor  # [B, G, 2 K + 2] the incomplete slot (compressed-only; else 0)
+    max_len: int
     length: int = 0
 
 
@@ -197,6 +211,15 @@ class SparseAttention(Block):
                lambda c: describe(c),
                state=("n_kv_heads", lambda kw, D, T: divisors(kw["n_heads"]))),
         cache="kv", mirrors=("dsa",))  # DSA's layers: its token selection
+    # what pick sizes for a compressed-only shape (selection slots or none): the rate, its
+    # values descending so that the slots, and the cache, never shrink along them
+    compressed_sizing = Sizing(
+        "rate", lambda kw, D, T: range(max(1, T), 0, -1), "r",
+        "r = rate: tokens pooled into one compressed slot; caches T/r slots' keys and "
+        "values per KV head (G = n_kv_heads, 1 in the presets), the window's W (128) and "
+        "the incomplete slot's running pooling: nothing that grows as T but the slots; "
+        "k = top_k slots each query reads (CSA-like)",
+        lambda c: describe(c))
 
     def __init__(self, config: SparseConfig):
         super().__init__(config)
@@ -218,14 +241,22 @@ class SparseAttention(Block):
     def variants(cls, d_model: int, n_heads: int) -> list[tuple[str, dict]]:
         """DSA-like (the indexer's top 256 keys, MQA), NSA-like (top 4 blocks of 64, gated
         slots of 16, a window of 128, sigmoid gates, GQA) and MoBA-like (top 3 blocks of
-        128, MHA): each scaled to bite at a few thousand tokens."""
+        128, MHA): each scaled to bite at a few thousand tokens. HCA-like (every gated slot
+        of 128 tokens beside a window of 128, MQA) and CSA-like (the top 512 gated slots of
+        4 tokens, 2048 tokens' worth, beside a window of 128, MQA) are DeepSeek V4's
+        compressed layers: they cache no token's keys beyond the window."""
         groups = n_heads // 4 if n_heads >= 8 and n_heads % 4 == 0 else 1
+        compressed = {"local_window": 128, "gate": "sigmoid", "n_kv_heads": 1}
         return [("sparse (DSA-like)", {"selection": "token", "top_k": 256, "n_kv_heads": 1}),
                 ("sparse (NSA-like)", {"selection": "block", "top_k": 4, "block_size": 64,
                                        "compress": "gated", "rate": 16, "local_window": 128,
                                        "gate": "sigmoid", "n_kv_heads": groups}),
                 ("sparse (MoBA-like)", {"selection": "block", "top_k": 3, "block_size": 128,
-                                        "n_kv_heads": None})]
+                                        "n_kv_heads": None}),
+                ("sparse (HCA-like)", {"selection": "none", "compress": "gated", "rate": 128,
+                                       **compressed}),
+                ("sparse (CSA-like)", {"selection": "slots", "top_k": 512, "compress": "gated",
+                                       "rate": 4, **compressed})]
 
     # ---------------------------------------------------------------- paths
 
@@ -301,63 +332,99 @@ class SparseAttention(Block):
         g = apply_linear(self.gate_proj, x).unflatten(-1, (c.n_heads, len(c.branches)))
         return torch.sigmoid(g).transpose(1, 2)
 
+    def compressed(self, x, q, k, v, offset: int, cache: SparseCache | None):
+        """Selection slots or none: keys and values from position `first` (the window's
+        last W - 1 and the new, from the ring; all of x without a cache), the complete
+        slots, and the slots each query may read ([B, G, Tq, S]; None: every complete)."""
+        c, first = self.config, 0
+        slots = None
+        if cache is None:
+            slots = self.slots(x, k, v, 0, None)
+        else:
+            if c.compress != "none":
+                logits = (apply_linear(self.pool_proj, x).transpose(1, 2)
+                          if c.compress == "gated" else None)  # [B, G, T]
+                slots = stream_slots(cache, k, v, logits, offset, c.rate)
+            if c.local_window is not None:
+                k, v, first = window_keys(cache.k, cache.v, k, v, offset, c.local_window)
+        mask = None
+        if c.selection == "slots":
+            mask = slot_selection(*upcast_16bit(q, slots[0]), c.top_k, c.rate, offset)
+        return k, v, slots, {"key_offset": first, "slot_mask": mask}
+
     def _forward(self, x: torch.Tensor, cache: SparseCache | None) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
         offset = 0 if cache is None else cache.length
-        if cache is not None and offset + T > cache.k.shape[2]:
+        if cache is not None and offset + T > cache.max_len:
             raise ValueError(f"sparse cache overflow: {offset} cached + {T} new > max_len "
-                             f"{cache.k.shape[2]}")
+                             f"{cache.max_len}")
         q, k, v = self.project(x, offset)
-        if cache is not None:
-            k = write(cache.k, k.to(cache.k.dtype), offset, 2)  # [B, G, Tk, K]: all so far
-            v = write(cache.v, v.to(cache.v.dtype), offset, 2)
-        idx, valid, index = self.select(x, q, k, offset, cache)
-        slots = self.slots(x, k, v, offset, cache)
+        if c.selection in COMPRESSED_ONLY:
+            idx = valid = index = None
+            k, v, slots, extra = self.compressed(x, q, k, v, offset, cache)
+        else:
+            if cache is not None:
+                k = write(cache.k, k.to(cache.k.dtype), offset, 2)  # [B, G, Tk, K]: all
+                v = write(cache.v, v.to(cache.v.dtype), offset, 2)
+            idx, valid, index = self.select(x, q, k, offset, cache)
+            slots, extra = self.slots(x, k, v, offset, cache), {}
         op = SPARSE.resolve(c.backend, SparseSpec.of(q, k, v, c.branches))
         self._backend = op.name
         o, chosen = op.fn(q, k, v, idx, valid, scale=1 / math.sqrt(c.k_dim), offset=offset,
                           gates=self.gates(x), window=c.local_window, slots=slots, rate=c.rate,
-                          chunk_size=c.chunk_size)
-        self.aux_loss = self.indexer_loss(index, valid[:, 0], chosen)
+                          chunk_size=c.chunk_size, **extra)
+        self.aux_loss = self.indexer_loss(index, valid, chosen)
         if cache is not None:
             cache.length += T
         return apply_linear(self.o_proj, o.transpose(1, 2).reshape(B, T, -1))  # [B, T, D]
 
-    def indexer_loss(self, index, valid: torch.Tensor, chosen: torch.Tensor
+    def indexer_loss(self, index, valid: torch.Tensor | None, chosen: torch.Tensor | None
                      ) -> torch.Tensor | None:
         """weight x the indexer's KL to the selected attention (select.py's indexer_kl); None
         without gradients, without an indexer or at weight 0."""
         weight = self.config.indexer_loss_weight
         if index is None or weight == 0 or not torch.is_grad_enabled():
             return None
-        return weight * indexer_kl(*index, valid, chosen)
+        return weight * indexer_kl(*index, valid[:, 0], chosen)
 
     def _init_cache(self, batch: int, max_len: int) -> SparseCache:
         c, p = self.config, self.q_proj.weight
         G, K = c.kv_heads, c.k_dim
         slots = max_len // c.rate if c.compress != "none" else 0
-        return SparseCache(p.new_zeros(batch, G, max_len, K), p.new_zeros(batch, G, max_len, K),
+        shape = c.shape()
+        only = c.selection in COMPRESSED_ONLY
+        keys = (c.local_window or 0) if only else max_len  # a ring of W, or every token
+        return SparseCache(p.new_zeros(batch, G, keys, K), p.new_zeros(batch, G, keys, K),
                            p.new_zeros(batch, max_len, c.i_dim if c.selection == "token"
                                        else 0),
                            p.new_zeros(batch, G, slots, K), p.new_zeros(batch, G, slots, K),
-                           p.new_zeros(batch, G, max_len if c.compress == "gated" else 0))
+                           p.new_zeros(batch, G, max_len if c.compress == "gated" and not only
+                                       else 0),
+                           p.new_zeros(batch, G, pending_elements(shape) // G if only else 0),
+                           max_len)
 
     def _mixing_matrices(self, x: torch.Tensor) -> torch.Tensor:
         """M [B, H, T, T] (budgets/mixing/sparse.py), so that y == o_proj(M @ value_heads(x))
         with the selection the forward makes."""
         c = self.config
         q, k, v = self.project(x)
-        idx, valid, _ = self.select(x, q, k, 0, None)
-        pool = None
+        selected, pool, slots, mask = None, None, None, None
+        if c.selection in COMPRESSED_ONLY:
+            _, _, slots, extra = self.compressed(x, q, k, v, 0, None)
+            mask = extra["slot_mask"]
+        else:
+            idx, valid, _ = self.select(x, q, k, 0, None)
+            selected = selection_mask(idx, valid, x.shape[1])
         if c.compress != "none":
             logits = (apply_linear(self.pool_proj, x).transpose(1, 2)
                       if c.compress == "gated" else None)
             pool = pooling_matrix(pool_weights(logits, x.shape[1], c.rate, k), x.shape[1],
                                   c.rate)  # [B, G, S, T]
-        return sparse_mixing(q, k, selection_mask(idx, valid, x.shape[1]),
-                             scale=1 / math.sqrt(c.k_dim), gates=self.gates(x),
-                             window=c.local_window, pool=pool, rate=c.rate)
+        return sparse_mixing(q, k, selected, scale=1 / math.sqrt(c.k_dim),
+                             gates=self.gates(x), window=c.local_window, pool=pool,
+                             rate=c.rate, slot_keys=None if slots is None else slots[0],
+                             slot_mask=mask)
 
     def value_heads(self, x: torch.Tensor) -> torch.Tensor:
         """The value path per query head [B, H, T, V]: y = o_proj(M @ value_heads(x))."""
@@ -384,6 +451,9 @@ class SparseAttention(Block):
 
     def describe_cache(self) -> str:
         c = self.config
+        if c.selection in COMPRESSED_ONLY:
+            return (f"{c.kv_heads} KV heads x (K {c.k_dim} + V {c.k_dim}) x (T/{c.rate} "
+                    f"slots + window {c.local_window or 0})")
         extra = f" + indexer keys {c.i_dim}" if c.selection == "token" else ""
         if c.compress != "none":
             extra += f" + slots of {c.rate} tokens"
@@ -396,14 +466,16 @@ class SparseAttention(Block):
                             c.rope)
 
     def inference_state(self, cache: SparseCache) -> dict[str, torch.Tensor]:
-        """Keys and values [B, T, G*K], the indexer's keys [B, T, d_I] and the complete
-        slots [B, S, G*K] (each present where the config has it)."""
+        """Keys and values [B, T, G*K] (a compressed-only layer: its window's [B, W, G*K]),
+        the indexer's keys [B, T, d_I] and the complete slots [B, S, G*K] (each present
+        where the config has it)."""
         B, n, c = cache.k.shape[0], cache.length, self.config
 
         def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, G, m, K] -> [B, m, G*K]
             return t.transpose(1, 2).reshape(B, t.shape[2], -1)
 
-        state = {"k": tokens(cache.k[:, :, :n]), "v": tokens(cache.v[:, :, :n])}
+        kept = min(n, cache.k.shape[2])  # a compressed-only layer's ring: the last W
+        state = {"k": tokens(cache.k[:, :, :kept]), "v": tokens(cache.v[:, :, :kept])}
         if c.selection == "token":
             state["index_k"] = cache.index_k[:, :n]
         if c.compress != "none" and n >= c.rate:
@@ -424,9 +496,11 @@ class SparseAttention(Block):
 
 def covering(c: SparseConfig, seq_len: int) -> list[str]:
     """What does not bite at length T: a top_k (of keys or blocks) or a window that covers
-    every causal key there. The forward accepts both; the budget says so."""
+    every causal key there. The forward accepts both; the budget says so. A slot selection
+    that keeps every slot is not said: its layer still caches T / rate slots, not T keys
+    (and pick sizes the rate through such values)."""
     notes = []
-    if selection_covers(c.shape(), seq_len):
+    if c.selection not in COMPRESSED_ONLY and selection_covers(c.shape(), seq_len):
         blocks = f" blocks of {c.block_size}" if c.selection == "block" else ""
         notes.append(f"top_k ({c.top_k}{blocks}) covers seq_len {seq_len}: the selection "
                      "cannot bite, every causal key is attended")
@@ -437,9 +511,14 @@ def covering(c: SparseConfig, seq_len: int) -> list[str]:
 
 
 def describe(c: SparseConfig) -> str:
-    """`token k=256, G=1, I=4x64`, `block k=4x64, G=4, gated/16, W=128, sigmoid`."""
+    """`token k=256, G=1, I=4x64`, `block k=4x64, G=4, gated/16, W=128, sigmoid`; a
+    compressed-only layer `r=4, k=512` (slots) or `r=128` (none; `W=128` without slots)."""
     if c.selection == "token":
         out = f"token k={c.top_k}, G={c.kv_heads}, I={c.index_heads}x{c.i_dim}"
+    elif c.selection in COMPRESSED_ONLY:  # short: pick's knob cell (W, G: the preset's)
+        return ", ".join([f"r={c.rate}"] * (c.compress != "none")
+                         + [f"k={c.top_k}"] * (c.selection == "slots")
+                         + [f"W={c.local_window}"] * (c.compress == "none"))
     else:
         out = f"block k={c.top_k}x{c.block_size}, G={c.kv_heads}"
     if c.compress != "none":

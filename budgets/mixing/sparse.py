@@ -110,41 +110,52 @@ def pooling_matrix(weights: torch.Tensor, kv_len: int, rate: int) -> torch.Tenso
     return torch.nn.functional.pad(pool, (0, kv_len - n))
 
 
-def branch_probs(q: torch.Tensor, k: torch.Tensor, selected: torch.Tensor, *, scale: float,
-                 offset: int = 0, window: int | None = None,
-                 slot_keys: torch.Tensor | None = None, rate: int | None = None
+def branch_probs(q: torch.Tensor, k: torch.Tensor, selected: torch.Tensor | None, *,
+                 scale: float, offset: int = 0, window: int | None = None,
+                 slot_keys: torch.Tensor | None = None, rate: int | None = None,
+                 key_offset: int = 0, slot_mask: torch.Tensor | None = None
                  ) -> dict[str, torch.Tensor]:
     """Each branch's attention, materialized: "selected" and "window" [B, H, Tq, Tk] over
     tokens, "compressed" [B, H, Tq, S] over slots; q [B, H, Tq, K] at positions offset ..,
-    k [B, G, Tk, K], selected [B, G, Tq, Tk], slot_keys [B, G, S, K]."""
+    k [B, G, Tk, K] at positions key_offset .., selected [B, G, Tq, Tk] (None: no selected
+    branch), slot_keys [B, G, S, K], slot_mask [B, G, Tq, S] the slots a query may read
+    (the slot selection's top-k; None: every complete one)."""
     H, Tq, Tk = q.shape[1], q.shape[2], k.shape[2]
     positions = torch.arange(offset, offset + Tq, device=q.device)
     logits = q @ expand_heads(k, H).mT * scale  # [B, H, Tq, Tk]
-    probs = {"selected": masked_softmax(logits, expand_heads(selected, H))}
+    probs = {}
+    if selected is not None:
+        probs["selected"] = masked_softmax(logits, expand_heads(selected, H))
     if slot_keys is not None:
         slot_logits = q @ expand_heads(slot_keys, H).mT * scale  # [B, H, Tq, S]
-        probs["compressed"] = masked_softmax(
-            slot_logits, slot_visible(positions, slot_keys.shape[2], rate))
+        seen = slot_visible(positions, slot_keys.shape[2], rate)  # [Tq, S]
+        if slot_mask is not None:
+            seen = seen & expand_heads(slot_mask, H)  # [B, H, Tq, S]
+        probs["compressed"] = masked_softmax(slot_logits, seen)
     if window is not None:
-        keys = torch.arange(Tk, device=q.device)
+        keys = torch.arange(key_offset, key_offset + Tk, device=q.device)
         probs["window"] = masked_softmax(logits, window_mask(positions, keys, window))
     return probs
 
 
-def sparse_mixing(q: torch.Tensor, k: torch.Tensor, selected: torch.Tensor, *, scale: float,
-                  gates: torch.Tensor | None = None, window: int | None = None,
-                  pool: torch.Tensor | None = None, rate: int | None = None) -> torch.Tensor:
+def sparse_mixing(q: torch.Tensor, k: torch.Tensor, selected: torch.Tensor | None, *,
+                  scale: float, gates: torch.Tensor | None = None, window: int | None = None,
+                  pool: torch.Tensor | None = None, rate: int | None = None,
+                  slot_keys: torch.Tensor | None = None,
+                  slot_mask: torch.Tensor | None = None) -> torch.Tensor:
     """M [B, H, T, T], token to token, so that o = M @ V (per query head) exactly: each
     branch's probabilities times its gate (gates [B, H, T, n_branches] in BRANCHES' order,
     over the branches present; None: ones), the compressed branch's folded back through
-    Pool [B, G, S, T]."""
-    H = q.shape[1]
-    slot_keys = None if pool is None else pool @ k  # [B, G, S, K]
-    probs = branch_probs(q, k, selected, scale=scale, window=window, slot_keys=slot_keys,
-                         rate=rate)
+    Pool [B, G, S, T] (slot_keys: the slots as the forward pooled them; None: Pool @ k)."""
+    H, T = q.shape[1], q.shape[2]
+    if pool is not None and slot_keys is None:
+        slot_keys = pool @ k  # [B, G, S, K]
+    probs = branch_probs(q, k, selected, scale=scale, window=window,
+                         slot_keys=None if pool is None else slot_keys, rate=rate,
+                         slot_mask=slot_mask)
     if pool is not None:
         probs["compressed"] = probs["compressed"] @ expand_heads(pool, H)  # [B, H, T, T]
-    M = torch.zeros_like(probs["selected"])
+    M = q.new_zeros(q.shape[0], H, T, T)
     for i, name in enumerate(probs):
         M = M + (probs[name] if gates is None else gates[..., i, None] * probs[name])
     return M
@@ -160,8 +171,8 @@ class SparseShape:
     n_heads: int  # H
     kv_heads: int  # G
     head_dim: int  # K = V
-    selection: str  # token | block
-    top_k: int  # keys (token) or blocks (block) per query
+    selection: str  # token | block | slots | none
+    top_k: int  # keys (token), blocks (block) or compressed slots (slots) per query
     block_size: int = 1  # tokens per selection block (block selection)
     index_heads: int = 0  # I (token selection)
     index_dim: int = 0  # d_I (token selection)
@@ -196,8 +207,42 @@ def selected_keys(s: SparseShape, T: int) -> int:
     return span * (span + 1) // 2 + m * ((s.top_k - 1) * s.block_size + 1) + partial
 
 
+def slots_up_to(T: int, k: int, rate: int) -> int:
+    """sum over p = 0 .. T - 1 of min(k, (p + 1) // rate): the slots read when each
+    position reads at most k of its complete ones."""
+    last = min(T, k * rate - 1)  # n = p + 1 below k * rate: n // rate < k
+    return floor_sum(last + 1, rate) + k * max(0, T - last)
+
+
+def compressed_rows(s: SparseShape, T: int) -> int:
+    """What a compressed-only layer (selection none or slots) holds at length T, in rows
+    of G K: the complete slots' keys and values, the window's W keys and values, and the
+    incomplete slot's running pooling (keys and values summed, 2 K + 2 per KV head with
+    its running max and normalizer; none at rate 1)."""
+    slots = 2 * (T // s.rate) if s.rate is not None else 0
+    return slots + 2 * (s.window or 0)
+
+
+def pending_elements(s: SparseShape) -> int:
+    """The incomplete slot's running pooling state per sequence: G (2 K + 2)."""
+    return s.kv_heads * (2 * s.head_dim + 2) if s.rate is not None and s.rate > 1 else 0
+
+
+def compressed_mixing(s: SparseShape, T: int) -> int:
+    """The past->future cap of a compressed-only layer at t = T // 2 (module docstring):
+    min(T // 2, slots holding a token before t, + W - 1)."""
+    t = T // 2
+    through_slots = min(-(-t // s.rate), T // s.rate) if s.rate is not None else 0
+    through_window = s.window - 1 if s.window is not None else 0
+    return min(t, through_slots + through_window)
+
+
 def selection_covers(s: SparseShape, T: int) -> bool:
     """Whether the selection keeps every causal key at length T (it cannot bite)."""
+    if s.selection == "none":
+        return False
+    if s.selection == "slots":
+        return s.rate is not None and s.top_k >= T // s.rate
     blocks = -(-T // s.block_size) if s.selection == "block" else T
     return s.top_k >= blocks
 
@@ -211,6 +256,8 @@ def sparse_caps(block: str, seq_len: int, s: SparseShape, params: int,
     slots' pooling and the gates; one decode step is the T-th token's share
     (train/sizing/costs.py)."""
     T, H, G, K = seq_len, s.n_heads, s.kv_heads, s.head_dim
+    if s.selection in ("none", "slots"):
+        return compressed_caps(block, T, s, params, proj_flops)
     if s.selection == "token":
         scoring = (2 * s.index_heads * s.index_dim + 2 * s.index_heads) * T * (T + 1) // 2
     else:  # blocks 0 .. p // block_size are candidates at p; means: G K adds per token
@@ -235,5 +282,36 @@ def sparse_caps(block: str, seq_len: int, s: SparseShape, params: int,
         # every token's keys and values, the indexer's keys: their rank
         inference=min(T, max(G * K, s.index_dim)),
         params=params, cache_elements=cache,
+        flops_per_token=proj_flops + (scoring + 4 * H * K * keys + combine) // T,
+    )
+
+
+def compressed_caps(block: str, T: int, s: SparseShape, params: int,
+                    proj_flops: int) -> RankBudget:
+    """Selection none (HCA-like: every complete slot) or slots (CSA-like: the top_k complete
+    slots by q . slot key), beside an optional window: nothing cached grows as T but the
+    slots (module docstring's compressed caps)."""
+    H, G, K = s.n_heads, s.kv_heads, s.head_dim
+    keys, scoring, branches = 0, 0, 0
+    if s.rate is not None:
+        complete = floor_sum(T + 1, s.rate)  # complete slots at p, summed: (p + 1) // rate
+        keys += complete if s.selection == "none" else slots_up_to(T, s.top_k, s.rate)
+        scoring += 4 * G * K * T  # pooling keys and values
+        if s.selection == "slots":
+            scoring += 2 * G * K * complete  # the group's summed query . each slot key
+        branches += 1
+    if s.window is not None:
+        keys += keys_up_to(T, s.window)
+        branches += 1
+    combine = 2 * H * K * branches * T if branches > 1 else 0
+    rows = (T // s.rate if s.rate is not None else 0) + (s.window or 0)
+    return RankBudget(
+        block=block, seq_len=T, n_heads=H,
+        mixing=compressed_mixing(s, T),
+        logits=K,
+        value_path=min(s.d_model, G * K),
+        inference=min(T, rows, G * K),  # the slots' and the window's rows of G K
+        params=params,
+        cache_elements=G * K * compressed_rows(s, T) + pending_elements(s),
         flops_per_token=proj_flops + (scoring + 4 * H * K * keys + combine) // T,
     )

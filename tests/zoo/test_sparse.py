@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from budgets.mixing.sparse import selected_keys, sparse_mixing
+from budgets.mixing.sparse import compressed_mixing, selected_keys, sparse_mixing
 from zoo.ops.sparse.select import index_scores
 
 D, H = 32, 4
@@ -23,7 +23,15 @@ CONFIGS = {  # readable ids -> the block's knobs; chunk_size 5 puts chunk edges 
                            "gate": "sigmoid"},
     "dsa-k3-mean3-W5": {"selection": "token", "top_k": 3, "compress": "mean", "rate": 3,
                         "local_window": 5, "gate": "sigmoid"},
+    # compressed-only (DeepSeek V4's HCA and CSA): no token's keys cached beyond the window
+    "hca-gated3-W5": {"selection": "none", "compress": "gated", "rate": 3, "local_window": 5,
+                      "gate": "sigmoid"},
+    "csa-k2-gated2-W3-gqa2": {"selection": "slots", "top_k": 2, "compress": "gated",
+                              "rate": 2, "local_window": 3, "gate": "sigmoid",
+                              "n_kv_heads": 2},
+    "hca-mean4": {"selection": "none", "compress": "mean", "rate": 4},
 }
+COMPRESSED = [label for label in CONFIGS if label.split("-")[0] in ("hca", "csa")]
 IDS = list(CONFIGS)
 
 
@@ -82,8 +90,10 @@ def test_output_is_the_mixing_matrix_of_the_value_path(label, backend):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
     M = M.detach()
     assert bool((M.triu(1) == 0).all()), "M reaches a future token"
-    if block.config.gate == "none":
-        torch.testing.assert_close(M.sum(-1), torch.ones_like(M[..., 0]))
+    if block.config.gate == "none":  # a compressed-only layer: once its first slot is whole
+        first = block.config.rate - 1 if label in COMPRESSED else 0
+        rows = M.sum(-1)[..., first:]
+        torch.testing.assert_close(rows, torch.ones_like(rows))
     fp32 = block.mixing_matrices(x)
     assert fp32.dtype == torch.float32 and (fp32.double() - M).abs().max() < 1e-5
 
@@ -105,7 +115,8 @@ def test_prefill_and_decode_equal_the_parallel_forward(label, chunks):
     assert cache.length == 17
 
 
-@pytest.mark.parametrize("label", ["nsa-k2x4-gated2-W3", "dsa-k3-mean3-W5"])
+@pytest.mark.parametrize("label", ["nsa-k2x4-gated2-W3", "dsa-k3-mean3-W5",
+                                   "csa-k2-gated2-W3-gqa2"])
 def test_no_branch_reads_the_future(label):
     """Every output position's gradient is zero on later inputs: an incomplete slot, a
     block's later keys or its mean never reach an earlier query."""
@@ -176,10 +187,12 @@ def test_budget_counts_the_keys_and_the_cache_the_block_really_uses(label):
         block(x_of(B=1, T=T), cache=cache)
     held = sum(t.numel() for t in vars(cache).values() if isinstance(t, torch.Tensor))
     assert b.cache_elements == held
-    M = block._mixing_matrices(x_of(B=1, T=T)) if c.gate == "none" else None
+    alone = c.gate == "none" and label not in COMPRESSED
+    M = block._mixing_matrices(x_of(B=1, T=T)) if alone else None
     if M is not None:  # the selection alone: M's nonzeros are the selected keys
         assert int((M[0, 0] != 0).sum()) == selected_keys(c.shape(), T)
-    assert (b.mixing, b.logits, b.value_path) == (T // 2, c.k_dim, min(D, c.kv_heads * c.k_dim))
+    mixing = compressed_mixing(c.shape(), T) if label in COMPRESSED else T // 2
+    assert (b.mixing, b.logits, b.value_path) == (mixing, c.k_dim, min(D, c.kv_heads * c.k_dim))
 
 
 def test_a_selection_that_cannot_bite_is_said(caplog):
@@ -200,7 +213,11 @@ def test_a_selection_that_cannot_bite_is_said(caplog):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"gate": "softmax"}, r"gate 'softmax' unknown; known: \['none', 'sigmoid'\]"),
-    ({"selection": "random"}, r"selection 'random' unknown; known: \['token', 'block'\]"),
+    ({"selection": "random"}, r"selection 'random' unknown; known: \['token', 'block', "
+                              r"'slots', 'none'\]"),
+    ({"selection": "slots", "local_window": 4, "gate": "sigmoid"},
+     r"selection 'slots' picks among compressed slots: set compress: mean or gated"),
+    ({"selection": "none"}, r"selection 'none' needs a compressed branch or a local_window"),
     ({"compress": "max"}, r"compress 'max' unknown; known: \['none', 'mean', 'gated'\]"),
     ({"selection": "block", "block_size": 64, "compress": "mean", "rate": 24,
       "gate": "sigmoid"}, r"rate \(24\) must divide block_size \(64\)"),
@@ -213,7 +230,8 @@ def test_a_selection_that_cannot_bite_is_said(caplog):
     ({"n_kv_heads": 3}, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
     ({"backend": "flash"}, r"unknown sparse backend 'flash'"),
     ({"top_kk": 3}, r"'top_kk'; did you mean 'top_k'"),
-], ids=["gate", "selection", "compress", "rate-vs-block", "gate-none-two-branches", "top-k-0",
+], ids=["gate", "selection", "slots-without-compress", "none-without-branch", "compress",
+        "rate-vs-block", "gate-none-two-branches", "top-k-0",
         "window-0", "rate-negative", "odd-index-dim", "kv-heads", "backend", "misspelt"])
 def test_bad_config_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -228,10 +246,11 @@ def test_gathered_path_allocates_no_t_by_t(quadratic_allocations):
         assert quadratic_allocations(block, x_of(B=1, T=80)) == [], label
 
 
-def test_presets_are_dsa_nsa_and_moba_and_build():
+def test_presets_are_dsa_nsa_moba_hca_and_csa_and_build():
     presets = zoo.block_class("sparse").variants(256, 8)
     assert [name for name, _ in presets] == ["sparse (DSA-like)", "sparse (NSA-like)",
-                                             "sparse (MoBA-like)"]
+                                             "sparse (MoBA-like)", "sparse (HCA-like)",
+                                             "sparse (CSA-like)"]
     for _, kwargs in presets:
         with torch.device("meta"):
             block = zoo.build("sparse", d_model=256, n_heads=8, **kwargs)
@@ -243,7 +262,7 @@ def test_rankzoo_blocks_says_once_where_a_preset_cannot_bite(caplog):
 
     with caplog.at_level(logging.WARNING, logger="rankzoo"):
         rows = [r for r in blocks_document(256, 8, 200)["blocks"] if r["family"] == "sparse"]
-    assert len(rows) == 3 and not any(r.get("error") for r in rows)
+    assert len(rows) == 5 and not any(r.get("error") for r in rows)
     said = [r.getMessage() for r in caplog.records if "cannot bite" in r.getMessage()]
     assert said == [f"rankzoo: sparse top_k ({k}) covers seq_len 200: the selection cannot "
                     "bite, every causal key is attended"

@@ -59,10 +59,11 @@ class Shape:
     block: str
     fixed: tuple[tuple[str, Any], ...] = ()
     tag: str = ""
+    own: Sizing | None = None  # a sizing of its own (a compressed sparse shape's rate)
 
     @property
     def sizing(self) -> Sizing:
-        return zoo.facts_of(self.block).sizing
+        return self.own or zoo.facts_of(self.block).sizing
 
     @property
     def knob(self) -> str:
@@ -110,6 +111,20 @@ def _delta_rules(d_model: int, n_heads: int) -> list[Shape]:
     return out
 
 
+def _sparse(d_model: int, n_heads: int) -> list[Shape]:
+    """Sparse attention as itself (top_k sized: it caches every token's keys), and each
+    compressed-only preset (DeepSeek V4's HCA and CSA) with its rate sized: its slots are
+    all it caches that grows as T."""
+    cls = zoo.block_class("sparse")
+    out = [Shape("sparse")]
+    for name, kwargs in cls.variants(d_model, n_heads):
+        if kwargs.get("selection") in ("none", "slots"):
+            fixed = tuple(sorted((k, v) for k, v in kwargs.items() if k != "rate"))
+            out.append(Shape("sparse", fixed, name.split("(")[-1].rstrip(")"),
+                             cls.compressed_sizing))
+    return out
+
+
 # the families pick sizes in more than one shape, or tags; any other is one untagged shape
 SHAPES: dict[str, Callable[[int, int], list[Shape]]] = {
     "sliding_window": _windows,
@@ -117,6 +132,7 @@ SHAPES: dict[str, Callable[[int, int], list[Shape]]] = {
     "linear": _feature_maps,
     "ssm": lambda d_model, n_heads: [Shape("ssm", tag="Mamba-2")],
     "delta": lambda d_model, n_heads: _delta_rules(d_model, n_heads),
+    "sparse": _sparse,
 }
 
 

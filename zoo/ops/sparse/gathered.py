@@ -23,7 +23,7 @@ def gather_rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def gathered_sparse(q, k, v, idx, valid, *, scale, offset=0, gates=None, window=None,
-                    slots=None, rate=None, chunk_size=128):
+                    slots=None, rate=None, chunk_size=128, key_offset=0, slot_mask=None):
     out_dtype = q.dtype
     q, k, v, gates = upcast_16bit(q, k, v, gates)
     B, H, Tq, _ = q.shape
@@ -35,25 +35,31 @@ def gathered_sparse(q, k, v, idx, valid, *, scale, offset=0, gates=None, window=
         c1 = min(c0 + chunk_size, Tq)
         qc = q[:, :, c0:c1].unflatten(1, (G, H // G))  # [B, G, r, C, K]
         positions = torch.arange(offset + c0, offset + c1, device=q.device)
-        ic, vc = idx[:, :, c0:c1], valid[:, :, c0:c1]  # [B, G, C, n]
-        logits = torch.einsum("bgrck,bgcnk->bgrcn", qc, gather_rows(k, ic)) * scale
-        p = masked_softmax(logits, vc[:, :, None])  # [B, G, r, C, n]
-        parts = [torch.einsum("bgrcn,bgcnv->bgrcv", p, gather_rows(v, ic))]
-        chosen.append(p.flatten(1, 2))  # [B, H, C, n]
+        parts = []
+        if idx is not None:  # the selected branch
+            ic, vc = idx[:, :, c0:c1], valid[:, :, c0:c1]  # [B, G, C, n]
+            logits = torch.einsum("bgrck,bgcnk->bgrcn", qc, gather_rows(k, ic)) * scale
+            p = masked_softmax(logits, vc[:, :, None])  # [B, G, r, C, n]
+            parts.append(torch.einsum("bgrcn,bgcnv->bgrcv", p, gather_rows(v, ic)))
+            chosen.append(p.flatten(1, 2))  # [B, H, C, n]
         if slots is not None:
-            pc = masked_softmax(qc @ slot_k[:, :, None].mT * scale,
-                                slot_visible(positions, slot_k.shape[2], rate))
+            seen = slot_visible(positions, slot_k.shape[2], rate)  # [C, S]
+            if slot_mask is not None:  # the slot selection's top-k
+                seen = seen & slot_mask[:, :, None, c0:c1]  # [B, G, 1, C, S]
+            pc = masked_softmax(qc @ slot_k[:, :, None].mT * scale, seen)
             parts.append(pc @ slot_v[:, :, None])  # [B, G, r, C, V]
-        if window is not None:
-            lo, hi = max(0, offset + c0 - window + 1), offset + c1
+        if window is not None:  # k holds positions key_offset ..
+            lo, hi = max(key_offset, offset + c0 - window + 1), offset + c1
             keys = torch.arange(lo, hi, device=q.device)
-            pw = masked_softmax(qc @ k[:, :, None, lo:hi].mT * scale,
+            span = slice(lo - key_offset, hi - key_offset)
+            pw = masked_softmax(qc @ k[:, :, None, span].mT * scale,
                                 window_mask(positions, keys, window))
-            parts.append(pw @ v[:, :, None, lo:hi])
+            parts.append(pw @ v[:, :, None, span])
         if gates is None:
             o = sum(parts)
         else:
             g = gates[:, :, c0:c1].unflatten(1, (G, H // G))  # [B, G, r, C, n_branches]
             o = sum(g[..., i, None] * part for i, part in enumerate(parts))
         outputs.append(o.flatten(1, 2))  # [B, H, C, V]
-    return torch.cat(outputs, 2).to(out_dtype), torch.cat(chosen, 2).to(out_dtype)
+    chosen = torch.cat(chosen, 2).to(out_dtype) if chosen else None
+    return torch.cat(outputs, 2).to(out_dtype), chosen

@@ -100,3 +100,21 @@ def block_selection(q, k, top_k: int, block_size: int, offset: int, chunk_size: 
         out_idx.append(tokens.clamp(max=Tk - 1).flatten(-2))  # past Tk: never valid
         out_valid.append(valid.flatten(-2))
     return torch.cat(out_idx, 2), torch.cat(out_valid, 2)
+
+
+@torch.no_grad()
+def slot_selection(q, slot_k, top_k: int, rate: int, offset: int):
+    """The top_k complete slots per query and KV head, scored by the group's summed queries
+    against each slot's pooled key (CSA-like; q . slot key, the attention's own, rather
+    than a separate indexer): a bool mask [B, G, Tq, S], every complete slot while there
+    are no more than top_k."""
+    B, H, Tq, _ = q.shape
+    G, S = slot_k.shape[1], slot_k.shape[2]
+    positions = torch.arange(offset, offset + Tq, device=q.device)
+    complete = (torch.arange(S, device=q.device) + 1) * rate <= positions[:, None] + 1
+    mask = torch.zeros(B, G, Tq, S, dtype=torch.bool, device=q.device)
+    if S == 0:
+        return mask
+    scores = q.unflatten(1, (G, H // G)).sum(2) @ slot_k.mT  # [B, G, Tq, S]
+    idx, valid = top(scores, complete, min(top_k, S))  # [B, G, Tq, n]
+    return mask.scatter_(-1, idx, valid)
