@@ -30,6 +30,22 @@ rate) bound only their own terms). The logits q . k are rank K in every branch (
 indexer's ReLU scores choose keys; they are not the attention's logits). The cache keeps
 every token's keys and values (any may be selected later), the indexer's keys (d_I per
 token), the complete slots, and for a gated pooling its logits (one per KV head and token).
+
+Compressed-only layers (selection none: every complete slot, DeepSeek V4's HCA; slots: the
+top_k complete slots by the group's q . slot key, its CSA) have no selected branch, and
+their cap binds. At t = T // 2, M[t:, :t] = g_cmp P_cmp @ Pool[:, :t] + g_win P_win[t:, :t]
+(gates diagonal per row), so its rows lie in span(rows of Pool[:, :t]) + span(the window's
+columns). P_win[p, s] != 0 needs p - W < s <= p: for p >= t and s < t only the W - 1
+columns t - W + 1 .. t - 1. Pool[:, :t] has a nonzero row only for a complete slot holding
+a token before t (a slot is one key and one value row: one direction per head, whichever
+slots each query reads), and one whose tokens before t all lie in the window's columns
+adds nothing to that span: rank M[t:, :t] <= min(T // 2, W - 1 + ceil((t - W + 1) / rate)),
+the slots counted up to T // rate, each term where its branch is present (without a
+window: ceil(t / rate)). tests/budgets/mixing/test_sparse.py measures it on random
+instances, where it is reached. They
+cache the complete slots (2 G K per `rate` tokens), the window's W keys and values and
+the incomplete slot's running pooling (G (2 K + 2)): the inference cap is the rank of
+those rows, min(T, slots + W, G K).
 Torch only: the zoo's kernels and block import this.
 """
 
@@ -230,10 +246,11 @@ def pending_elements(s: SparseShape) -> int:
 
 def compressed_mixing(s: SparseShape, T: int) -> int:
     """The past->future cap of a compressed-only layer at t = T // 2 (module docstring):
-    min(T // 2, slots holding a token before t, + W - 1)."""
+    min(T // 2, W - 1 + the complete slots holding a token before the window's t - W + 1)."""
     t = T // 2
-    through_slots = min(-(-t // s.rate), T // s.rate) if s.rate is not None else 0
     through_window = s.window - 1 if s.window is not None else 0
+    before = max(0, t - through_window)  # the past columns no window reaches
+    through_slots = min(-(-before // s.rate), T // s.rate) if s.rate is not None else 0
     return min(t, through_slots + through_window)
 
 

@@ -267,3 +267,31 @@ def test_rankzoo_blocks_says_once_where_a_preset_cannot_bite(caplog):
     assert said == [f"rankzoo: sparse top_k ({k}) covers seq_len 200: the selection cannot "
                     "bite, every causal key is attended"
                     for k in ("256", "4 blocks of 64", "3 blocks of 128")]
+
+
+def test_a_compressed_cache_grows_only_by_its_slots():
+    """What a compressed-only layer holds at max_len 64 and 128: the window's ring and the
+    running pooling alike, the slots twice as many; its budget says the same."""
+    block = build("hca-gated3-W5")
+    held = {n: sum(t.numel() for t in vars(block.init_cache(1, n)).values()
+                   if isinstance(t, torch.Tensor)) for n in (64, 128)}
+    G, K = block.config.kv_heads, block.config.k_dim
+    assert held[128] - held[64] == 2 * G * K * (128 // 3 - 64 // 3)
+    assert held[128] == block.budget(128).cache_elements
+
+
+def test_pick_fits_compressed_sparse_rows_under_256_mib_at_131072_tokens():
+    """Every token's keys do not fit (the token selection's smallest top_k: 1.125 GiB); the
+    HCA-like and CSA-like shapes, their rate sized, do."""
+    from train.commands.pick.constraints import Constraints, size
+    from train.sizing.families import shapes
+
+    c = Constraints(d_model=1024, n_heads=16, n_layers=24, seq_len=131072,
+                    cache_budget=256 * 2**20)
+    sized = {s.label: s for s in (size(shape, c) for shape in shapes(1024, 16)
+                                  if shape.block == "sparse")}
+    assert not sized["sparse"].fits
+    for label in ("sparse (HCA-like)", "sparse (CSA-like)"):
+        s = sized[label]
+        assert s.fits and s.cost.cache_bytes <= c.cache_budget and s.value == 4, label
+        assert s.cost.budget.mixing == 127 + -(-(65536 - 127) // 4), label  # W - 1 + slots

@@ -8,6 +8,7 @@ import torch
 from budgets.mixing.sparse import (
     SparseShape,
     compress,
+    compressed_mixing,
     floor_sum,
     keys_up_to,
     masked_softmax,
@@ -15,6 +16,8 @@ from budgets.mixing.sparse import (
     pooling_matrix,
     selected_keys,
     slot_visible,
+    slots_up_to,
+    sparse_mixing,
 )
 
 
@@ -64,3 +67,50 @@ def test_a_branch_with_nothing_visible_gives_zeros_and_finite_gradients():
     torch.testing.assert_close(p[[0, 2]].sum(-1), torch.ones(2, dtype=torch.float64))
     (g,) = torch.autograd.grad((p * torch.randn_like(p)).sum(), logits)
     assert bool(torch.isfinite(g).all()) and g[1].abs().sum() == 0
+
+
+def test_slots_read_are_the_enumeration():
+    for T in range(1, 40):
+        for k in range(1, 6):
+            for rate in range(1, 5):
+                want = sum(min(k, (p + 1) // rate) for p in range(T))
+                assert slots_up_to(T, k, rate) == want, (T, k, rate)
+
+
+def random_compressed_mixing(T, rate, window, top_k=None, G=1, H=2, seed=0):
+    """M of a random compressed-only layer: gated pooling, random sigmoid gates, and (top_k)
+    a random choice of complete slots per query (any choice: the cap holds for all)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, H, T, 6, dtype=torch.float64, generator=g)
+    k = torch.randn(1, G, T, 6, dtype=torch.float64, generator=g)
+    weights = pool_weights(torch.randn(1, G, T, dtype=torch.float64, generator=g), T, rate, k)
+    pool = pooling_matrix(weights, T, rate)  # [1, G, S, T]
+    S = T // rate
+    mask = None
+    if top_k is not None:
+        scores = torch.rand(1, G, T, S, dtype=torch.float64, generator=g)
+        mask = torch.zeros(1, G, T, S, dtype=torch.bool)
+        mask.scatter_(-1, scores.topk(min(top_k, S), -1).indices, True)
+    n = 1 + (window is not None)
+    gates = torch.sigmoid(torch.randn(1, H, T, n, dtype=torch.float64, generator=g))
+    return sparse_mixing(q, k, None, scale=0.4, gates=gates, window=window, pool=pool,
+                         rate=rate, slot_mask=mask)
+
+
+@pytest.mark.parametrize("T, rate, window, top_k", [
+    (32, 4, 3, None), (32, 3, 5, None), (33, 5, None, None), (40, 4, 1, None),
+    (32, 2, 4, 3), (30, 4, 2, 1), (64, 8, 6, 2)],
+    ids=["r4-W3", "r3-W5-straddling", "r5-noW", "r4-W1", "slots-k3", "slots-k1", "r8-W6-k2"])
+def test_compressed_cap_bounds_the_realized_past_future_rank(T, rate, window, top_k):
+    """rank M[t:, :t] <= min(T/2, ceil(t/rate) + W - 1) on random instances, and random
+    instances reach it (the cap is not loose), with every slot or a top-k of them."""
+    shape = SparseShape(32, 2, 1, 6, "slots" if top_k else "none", top_k or 1, rate=rate,
+                        gated_pooling=True, window=window)
+    cap, t = compressed_mixing(shape, T), T // 2
+    realized = set()
+    for seed in range(3):
+        M = random_compressed_mixing(T, rate, window, top_k, seed=seed)[0]  # [H, T, T]
+        realized |= {int(r) for r in torch.linalg.matrix_rank(M[:, t:, :t])}
+    assert max(realized) <= cap < t, (realized, cap)
+    if top_k is None or top_k > 1:  # one slot per query may leave a slot unread
+        assert max(realized) == cap, (realized, cap)
