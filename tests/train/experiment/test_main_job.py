@@ -19,5 +19,5 @@ def test_the_main_job_ends_with_recall_against_capacity(tmp_path, capsys):
     assert view["counts"] == [2, 4, 8]
     assert {r["variant"] for r in view["rows"]} == {"mha", "gqa", "mqa", "window", "mla", "moe",
                                                     "linear", "ssm", "local_global", "ssm_attn",
-                                                    "gdn", "gdn_attn"}
+                                                    "gdn", "gdn_attn", "dsa"}
     assert all(r["carried"] is not None and r["cache_bytes"] for r in view["rows"])
