@@ -69,4 +69,4 @@ def sdpa_attention(q, k, v, *, window: int | None, scale: float, chunk: int | No
         k, v, gqa = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1]), False
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                        scale=scale, enable_gqa=gqa)
-    return o[..., :V]  # [B, H, Tq, V]: the sink's padding cut
+    return o if sinks is None else o[..., :V]  # [B, H, Tq, V]: the sink's padding cut
