@@ -2,7 +2,7 @@
 
     python -m benches.zoo.bench_sparse [--lengths 2048 8192] [--repeats 3] [--threads N]
 
-1. fp64 agreement (B=2, T=100, d_model 32, 4 heads; the three presets' knobs scaled down):
+1. fp64 agreement (B=2, T=100, d_model 32, 4 heads; the five presets' knobs scaled down):
    the largest absolute difference between the gathered path and the reference, between
    each and o_proj(M @ V) with M the block's mixing matrix (budgets/mixing/sparse.py), in
    the outputs and in the gradients of x and every weight (the indexer's through its loss),
@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 import zoo
-from zoo.ops.sparse.select import block_selection, token_selection
+from zoo.ops.sparse.select import block_selection, slot_selection, token_selection
 
 from .bench_delta import best_seconds, machine
 
@@ -34,6 +34,10 @@ SMALL = {  # the presets' knobs at T = 100
     "NSA-like": {"selection": "block", "top_k": 3, "block_size": 8, "compress": "gated",
                  "rate": 4, "local_window": 16, "gate": "sigmoid", "n_kv_heads": 2},
     "MoBA-like": {"selection": "block", "top_k": 3, "block_size": 16, "n_kv_heads": None},
+    "HCA-like": {"selection": "none", "compress": "gated", "rate": 8, "local_window": 8,
+                 "gate": "sigmoid", "n_kv_heads": 1},
+    "CSA-like": {"selection": "slots", "top_k": 4, "compress": "gated", "rate": 3,
+                 "local_window": 8, "gate": "sigmoid", "n_kv_heads": 1},
 }
 
 
@@ -113,8 +117,10 @@ def selection_only(block, x: torch.Tensor):
             q, k, _ = block.project(x)
             if c.selection == "token":
                 token_selection(*block.indexer(x), c.top_k, 0, c.chunk_size)
-            else:
+            elif c.selection == "block":
                 block_selection(q, k, c.top_k, c.block_size, 0, c.chunk_size)
+            elif c.selection == "slots":  # the slots' pooling and their top-k
+                slot_selection(q, block.slots(x, k, _, 0, None)[0], c.top_k, c.rate, 0)
     return step
 
 
@@ -133,7 +139,8 @@ def timings(T: int, repeats: int) -> Table:
         torch.manual_seed(0)
         block = zoo.build("sparse", d_model=256, n_heads=4, **kwargs)
         total = best_seconds(fwd_bwd(block, x), repeats)
-        select = best_seconds(selection_only(block, x), repeats)
+        chooses = block.config.selection != "none"  # HCA-like: every complete slot
+        select = best_seconds(selection_only(block, x), repeats) if chooses else 0.0
         aux = ""
         if block.config.selection == "token":
             torch.manual_seed(0)
@@ -141,8 +148,9 @@ def timings(T: int, repeats: int) -> Table:
                               **kwargs)
             aux = f"{100 * (1 - best_seconds(fwd_bwd(plain, x), repeats) / total):.0f}%"
         table.add_row("", f"sparse ({name})", zoo.sparse.describe(block.config),
-                      f"{1e3 * total:.0f}", f"{total / base:.2f}", f"{1e3 * select:.0f}",
-                      f"{100 * select / total:.0f}%", aux)
+                      f"{1e3 * total:.0f}", f"{total / base:.2f}",
+                      f"{1e3 * select:.0f}" if chooses else "-",
+                      f"{100 * select / total:.0f}%" if chooses else "-", aux)
     table.caption = ("/ SDPA: the block's time over softmax's on SDPA at the same length; "
                      "select: the selection alone (no gradients; it has none), and its share "
                      "of the block's fwd+bwd; aux loss: the share of the indexer's KL loss "
