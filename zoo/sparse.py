@@ -207,7 +207,10 @@ class SparseAttention(Block):
                "k",
                "k = top_k: keys (token selection) or blocks (block selection) each query "
                "attends to, below T; caches every token's keys and values (G = n_kv_heads), "
-               "the indexer's keys (d_I per token) and T/rate compressed slots",
+               "the indexer's keys (d_I per token) and T/rate compressed slots. Its "
+               "compressed-only presets (HCA-like, CSA-like) size r = rate instead: "
+               "their cache is T/r slots per KV head, W = 128 window keys and the "
+               "incomplete slot; k = the slots each query reads (CSA-like)",
                lambda c: describe(c),
                state=("n_kv_heads", lambda kw, D, T: divisors(kw["n_heads"]))),
         cache="kv", mirrors=("dsa",))  # DSA's layers: its token selection
@@ -475,7 +478,8 @@ class SparseAttention(Block):
             return t.transpose(1, 2).reshape(B, t.shape[2], -1)
 
         kept = min(n, cache.k.shape[2])  # a compressed-only layer's ring: the last W
-        state = {"k": tokens(cache.k[:, :, :kept]), "v": tokens(cache.v[:, :, :kept])}
+        state = ({"k": tokens(cache.k[:, :, :kept]), "v": tokens(cache.v[:, :, :kept])}
+                 if kept else {})  # no window, no ring
         if c.selection == "token":
             state["index_k"] = cache.index_k[:, :n]
         if c.compress != "none" and n >= c.rate:

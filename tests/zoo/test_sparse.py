@@ -295,3 +295,21 @@ def test_pick_fits_compressed_sparse_rows_under_256_mib_at_131072_tokens():
         s = sized[label]
         assert s.fits and s.cost.cache_bytes <= c.cache_budget and s.value == 4, label
         assert s.cost.budget.mixing == 127 + -(-(65536 - 127) // 4), label  # W - 1 + slots
+
+
+@pytest.mark.parametrize("label", COMPRESSED)
+def test_a_compressed_state_stays_within_its_inference_cap(label):
+    """After a prefill of T = 40, each cached matrix (the window's ring, the slots) has rank
+    <= min(T, slots + W, G K), and the window's holds exactly its last W keys."""
+    block, T = build(label), 40
+    cache = block.init_cache(2, T)
+    with torch.no_grad():
+        block(x_of(T=T), cache=cache)
+    state, cap = block.inference_state(cache), block.budget(T).inference
+    for name, m in state.items():
+        assert int(torch.linalg.matrix_rank(m).max()) <= cap, name
+    W = block.config.local_window
+    if W is not None:
+        keys = block.keys_values(x_of(T=T))[0][:, :, T - W:]  # [B, G, W, K]: the last W
+        ring = cache.k[:, :, torch.arange(T - W, T) % W]
+        torch.testing.assert_close(ring, keys, atol=1e-12, rtol=1e-10)
