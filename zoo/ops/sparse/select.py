@@ -47,8 +47,11 @@ def top(scores: torch.Tensor, allowed: torch.Tensor, n: int):
     """The n best allowed entries of the last dim, in ascending position, and which are
     allowed. Ties at the n-th value go to the earliest positions: topk gives that value,
     and a running count of its ties says which of them make up the n (a full stable sort
-    costs ~8x topk's time). Rows with fewer than n allowed fill up with not-allowed ones."""
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    costs ~8x topk's time). Rows with fewer than n allowed fill up with not-allowed ones.
+    A NaN score ranks last (NaN in, NaN out, as every block takes it: it compares neither
+    above nor equal to the threshold, and a row would come up short of n)."""
+    low = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    scores = torch.where(allowed & ~scores.isnan(), scores, low)
     threshold = scores.topk(n, dim=-1).values[..., -1:]  # the n-th largest
     above, tied = scores > threshold, scores == threshold
     need = n - above.sum(-1, keepdim=True)
