@@ -77,14 +77,16 @@ def attending_through(model: nn.Module, name: str, attention: Callable, sdpa: bo
         raise ValueError(f"{type(model).__name__} cannot switch its attention implementation "
                          f"(transformers >= 5 needed)")
     masks.register(name, sdpa_mask if sdpa else eager_mask)
-    functions[name] = attention
+    # registered for every AttentionInterface, not this one alone: some models (doge) look
+    # their function up in an interface of their own
+    functions.register(name, attention)
     before = model.config._attn_implementation
     try:
         model.set_attn_implementation(name)
         yield before
     finally:
         model.set_attn_implementation(before)
-        del functions[name]
+        type(functions)._global_mapping.pop(name, None)
 
 
 # ---------------------------------------------------------------- the capture
