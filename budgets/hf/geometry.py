@@ -34,7 +34,7 @@ class Geometry:
         D = int(config.hidden_size)
         return cls(model_type=config.model_type, n_layers=int(config.num_hidden_layers),
                    n_heads=H, n_kv_heads=int(getattr(config, "num_key_value_heads", None) or H),
-                   head_dim=int(getattr(config, "head_dim", None) or (D // H if H else 0)),
+                   head_dim=int(_read(config, "head_dim") or (D // H if H else 0)),
                    d_model=D, max_len=getattr(config, "max_position_embeddings", None))
 
     def check_seq_len(self, seq_len: int) -> None:
@@ -42,3 +42,11 @@ class Geometry:
             raise ValueError(f"seq_len={seq_len} exceeds the {self.model_type} model's "
                              f"max_position_embeddings ({self.max_len})")
 
+
+def _read(config, name: str):
+    """config.name, or None where the config has none or will not give one value for every
+    layer (transformers' per-layer configs raise on a global read of a per-layer size)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - AmbiguousGlobalPerLayerAttributeError, not an AttributeError
+        return None
