@@ -319,6 +319,8 @@ def stream_figures(x: torch.Tensor, residual: torch.Tensor | None, eps: float,
     """(hidden_centered of a block's input x [B, T, D], residual_figures of the stream
     entering its layer or None): both spectra in one call, so that on the CPU the two
     matrices of a one-sample probe run on two threads."""
+    if residual is not None and residual.dim() > 3:  # n residual streams (hyper-connections)
+        residual = residual.flatten(2)  # [B, T, n * D]: a token's norm over all its streams
     if residual is None or residual.shape != x.shape:
         hidden = matrix_figures(x.float(), eps, center=True, batch_dims=1)
         return hidden, None if residual is None else residual_figures(residual, eps, ratio)
