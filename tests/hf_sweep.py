@@ -20,6 +20,7 @@ Each type ends in one of four outcomes:
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import time
 import warnings
@@ -31,7 +32,7 @@ from torch import nn
 
 from budgets.hf.capture import capture
 from budgets.hf.geometry import Geometry
-from budgets.hf.probe import build_hf_report, probe_hf_model
+from budgets.hf.probe import _sources, build_hf_report, probe_hf_model
 from tests.hf_tiny import MLA, MOE, VOCAB, tiny_config
 from train.hf.model_dir import import_transformers, quiet
 from train.hf.probe import runs_on_its_own
@@ -59,6 +60,26 @@ SWEEP = {
     "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
                              mamba_chunk_size=16),
     "zaya": dict(num_experts_per_tok=1),  # its config takes 1 only
+    # configs that check their sizes against each other
+    "dots3_note_text": dict(num_key_value_heads=4),
+    "kolibri1_1": dict(index_num_heads=2),  # at most the query heads of a key head
+    "dots1": dict(n_shared_experts=1),  # its default None is multiplied
+    # a layer type per layer where the default lists a full-size model's
+    "zamba2": dict(layer_types=["mamba", "hybrid"], mamba_d_state=16, mamba_headdim=16,
+                   n_mamba_heads=8),
+    # RoPE parameters per layer type, none by default
+    "cohere_compass_text": dict(rope_parameters={"full_attention": dict(
+        rope_type="default", rope_theta=10000.0)}),
+    "lfm2_moe": dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                     num_dense_layers=1),
+    "gemma3n_text": dict(num_kv_shared_layers=0),
+    # BERT-style encoders: their causal-LM class asks for is_decoder (without it they attend
+    # both ways, and the capture refuses is_causal=False in one line)
+    **dict.fromkeys(("bert", "bert-generation", "camembert", "data2vec-text", "electra",
+                     "ernie", "roberta", "roberta-prelayernorm", "roc_bert", "xlm-roberta",
+                     "xlm-roberta-xl", "xmod"), dict(is_decoder=True)),
+    # its LM head requires is_decoder; axial positions summing to D = 64, covering T = 16
+    "reformer": dict(is_decoder=True, axial_pos_embds_dim=[32, 32], axial_pos_shape=[4, 4]),
     # a rotary width (default 64) wider than the heads of 16
     "codegen": dict(rotary_dim=8), "gptj": dict(rotary_dim=8),
     # FalconConfig derives head_dim: it has no setter
@@ -89,6 +110,7 @@ def causal_lm_types() -> list[str]:
 
 
 def _first_line(e: BaseException) -> str:
+    e = e.__cause__ or e  # a config validator's own error, not its wrapper's
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:160]
 
@@ -165,12 +187,10 @@ def _p_gap(call, eager: torch.Tensor) -> float:
     return gap
 
 
-def _check_p(model, ids) -> str:
-    """How the captured P compares with eager attention's, or each layer's output with its
-    plain output; '' when nothing differs, else what differs."""
-    import contextlib
-
-    from budgets.hf.probe import _sources
+def _check_p(model, ids) -> tuple[str, str]:
+    """(what differs or '', how it was compared): each captured P against eager attention's
+    output_attentions, where the model returns one [B, H, T, T] per call; else each decoder
+    layer's output under the captures against its plain output."""
     with torch.no_grad():
         eager = model(input_ids=ids, output_attentions=True, use_cache=False)
     attentions = [a for a in (getattr(eager, "attentions", None) or ()) if a is not None]
@@ -178,10 +198,13 @@ def _check_p(model, ids) -> str:
     with torch.no_grad(), capture(model, calls.append, keep_probs=True):
         model(input_ids=ids, use_cache=False)
     calls = [c for c in calls if getattr(c, "probs", None) is not None]
+    if not calls and attentions:  # budgets/hf/eager.py: P is output_attentions itself
+        return "", "P read from eager output_attentions (no attention interface)"
     if attentions and len(attentions) == len(calls) and all(
             a.shape == c.probs.shape for a, c in zip(attentions, calls, strict=True)):
         gap = max(_p_gap(c, a) for a, c in zip(attentions, calls, strict=True))
-        return "" if gap <= P_TOLERANCE else f"max |P - eager P| {gap:.2e}"
+        how = f"P = eager P ({len(calls)} calls, max abs difference {gap:.0e})"
+        return ("" if gap <= P_TOLERANCE else f"max |P - eager P| {gap:.2e}"), how
     layers = _decoder_layers(model)
 
     @contextlib.contextmanager
@@ -191,13 +214,15 @@ def _check_p(model, ids) -> str:
                 stack.enter_context(source(model, lambda call: None))
             yield
     plain, under = _outputs(model, ids, layers), _outputs(model, ids, layers, captured)
+    worst = 0.0
     for name, out in plain.items():
         if out is None or name not in under or under[name] is None:
             continue
         rel = float((under[name] - out).abs().max()) / max(float(out.abs().max()), 1e-30)
         if rel > OUTPUT_TOLERANCE:
-            return f"{name}'s output differs under the capture (relative {rel:.2e})"
-    return ""
+            return f"{name}'s output differs under the capture (relative {rel:.2e})", ""
+        worst = max(worst, rel)
+    return "", f"each layer's output unchanged by the capture (relative {worst:.0e})"
 
 
 def _refused(e: BaseException) -> bool:
@@ -264,13 +289,12 @@ def sweep_one(model_type: str) -> Row:
         if missing:
             return row("broken", f"layers {missing} neither measured nor named")
         try:
-            gap = _check_p(model, ids)
+            gap, how = _check_p(model, ids)
         except Exception as e:  # noqa: BLE001
             return row("broken", f"checking P: {_first_line(e)}")
         if gap:
             return row("broken", f"silent difference: {gap}")
-        how = "P = eager P" if found["layers"] else "no layer measured"
-        return row("faithful", how + (f"; named unmeasured: {len(named)} layers"
-                                      if named else ""))
+        return row("faithful", f"{len(measured)} of {n} layers measured, {how}" + (
+            f"; {len(named)} named as not measured" if named else ""))
 
 

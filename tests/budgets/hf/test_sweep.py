@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="the HF probe needs transformers")
 
-from tests.hf_sweep import KNOWN, causal_lm_types, sweep_one  # noqa: E402
+from tests.hf_sweep import KNOWN, SWEEP, causal_lm_types, sweep_one  # noqa: E402
 
 ROWS: dict[str, object] = {}
 
@@ -48,3 +48,12 @@ def test_the_table():
     for r in sorted(ROWS.values(), key=lambda r: (r.outcome, r.model_type)):
         print(f"| {r.model_type} | {r.outcome} | {r.detail} |")
     assert set(counts) <= {"faithful", "refused", "skipped", "broken"}
+
+
+def test_an_encoder_attending_both_ways_is_refused_in_one_line(monkeypatch):
+    """bert built without is_decoder (as its causal-LM class warns against) attends both
+    ways: refused in one line naming the layer, not measured as if causal."""
+    monkeypatch.setitem(SWEEP, "bert", {})
+    row = sweep_one("bert")
+    assert row.outcome == "refused" and "is_causal=False" in row.detail
+    assert "bert.encoder.layer.0" in row.detail
