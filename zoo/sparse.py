@@ -346,9 +346,17 @@ class SparseAttention(Block):
 
     def cache_slots(self) -> tuple[CacheSlot, ...]:
         """Keys and values per KV head, every token; the indexer's keys (and the gated
-        pooling's logits) cached in full beside them. The compressed slots (2 G K per
-        `rate` tokens) are not a slot compress projects."""
+        pooling's logits) cached in full beside them. A cache of compressed slots (2 G K
+        per `rate` tokens) is not one compress projects: a ValueError saying so."""
         c = self.config
+        if c.compress != "none" or c.selection in COMPRESSED_ONLY:
+            # its cache holds pooled slots (a ring of W keys, too, for selections none and
+            # slots): counted as every token's keys and values, compress's bytes and loss
+            # would be another cache's
+            raise ValueError(f"sparse ({self.describe_cache()}): its cache holds compressed "
+                             f"slots of {c.rate} tokens, which compress does not project; "
+                             f"compress reads sparse blocks that cache every token's keys "
+                             f"and values (compress: none)")
         beside = (c.i_dim if c.selection == "token" else 0) + (
             c.kv_heads if c.compress == "gated" else 0)
         return (CacheSlot("k", c.kv_heads, c.k_dim, fixed_per_token=beside),

@@ -313,3 +313,20 @@ def test_a_compressed_state_stays_within_its_inference_cap(label):
         keys = block.keys_values(x_of(T=T))[0][:, :, T - W:]  # [B, G, W, K]: the last W
         ring = cache.k[:, :, torch.arange(T - W, T) % W]
         torch.testing.assert_close(ring, keys, atol=1e-12, rtol=1e-10)
+
+
+def test_compress_is_refused_a_cache_of_compressed_slots():
+    """compress counts and projects every token's keys and values: a cache of pooled
+    slots (and a window's ring) would be priced and evaluated as another cache."""
+    import zoo
+
+    plain = zoo.build("sparse", d_model=32, n_heads=2, top_k=4)
+    assert [s.name for s in plain.cache_slots()] == ["k", "v"]
+    for kwargs in ({"selection": "none", "compress": "mean", "rate": 4, "local_window": 4,
+                    "gate": "sigmoid"},
+                   {"selection": "token", "top_k": 4, "compress": "mean", "rate": 4,
+                    "gate": "sigmoid"}):
+        block = zoo.build("sparse", d_model=32, n_heads=2, **kwargs)
+        with pytest.raises(ValueError, match="compressed slots of 4 tokens, which compress "
+                                             "does not project"):
+            block.cache_slots()
