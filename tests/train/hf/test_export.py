@@ -208,7 +208,7 @@ def own_accuracy(model, tokenizer) -> float:
 
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                     reason="lm-evaluation-harness is not installed (pip install "
-                           "'rankzoo[eval]'; kept out of dev: it brings ~0.9 GB beside torch)")
+                           "'rankzoo[eval]', or the dev extra)")
 def test_lm_eval_accuracy_equals_the_models_own_log_probs(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text(" ".join(WORDS.split() * 20))
