@@ -195,6 +195,13 @@ class DecoderLM(nn.Module):
         for layer in self.layers:
             nn.init.normal_(layer.mlp.down.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layers))
 
+    def set_step(self, step: int) -> None:
+        """The training step, for blocks whose forward depends on it (the sparse family's
+        dense warm-up); the harness calls it before every training step."""
+        for block in self.blocks:
+            if hasattr(block, "set_step"):
+                block.set_step(step)
+
     def param_count(self) -> int:
         """Trainable parameters, the tied embedding/head counted once."""
         return sum(p.numel() for p in self.parameters())

@@ -24,7 +24,14 @@ gradients sets `self.aux_loss` = indexer_loss_weight x KL(p || softmax(indexer s
 the selected keys, where p is the selected branch's attention summed over heads and
 detached, and the indexer reads x detached (its loss trains it alone). The harness adds
 `aux_loss` to the training loss (train/harness/module.py); a loop that does not leaves the
-indexer at its initialization. DSA's dense warm-up stage (a KL over all keys) is not done.
+indexer at its initialization. `dense_warmup: N` is DSA's dense warm-up
+stage before it: for the first N training steps every query attends to every causal key
+and the indexer's KL runs over all of them (the step: `set_step`, which the harness calls
+every step and a resume restores; a loop that never calls it counts the block's own
+training forwards, recomputed ones included). Unlike DeepSeek's, the rest of the model
+trains through the warm-up too. Without it, an indexer starts from chance: at top 4 of 64
+keys it rarely selects the one a query needs, and what it learns from is only the
+attention over what it selected (configs/sparse.yaml).
 The block selection has no weights of its own: its queries and keys learn as attention.
 
 The rank story (budgets/mixing/sparse.py): M = sum of gated branches, token to token (a
@@ -140,6 +147,8 @@ class SparseAttention(Block):
         if c.gate == "sigmoid":
             self.gate_proj = nn.Linear(D, H * len(c.branches), bias=False)
         self.aux_loss: torch.Tensor | None = None  # set by every forward with gradients
+        self.step: int | None = None  # the training step (set_step); None: count forwards
+        self.forwards = 0  # training forwards seen, where no step is set
         self._said: tuple = ()  # the last (config, seq_len) budget() was asked for
 
     @classmethod
@@ -192,6 +201,21 @@ class SparseAttention(Block):
         wi = apply_linear(self.index_w, x) * (c.index_heads * c.i_dim) ** -0.5
         return qi, ki, wi
 
+    def set_step(self, step: int) -> None:
+        """The training step, for the dense warm-up (the harness sets it every step)."""
+        self.step = int(step)
+
+    def warming_up(self) -> bool:
+        """Whether this forward attends to every causal key: training, with gradients,
+        within the first dense_warmup steps (counted, where no step is set)."""
+        c = self.config
+        if not (c.dense_warmup and self.training and torch.is_grad_enabled()):
+            return False
+        if self.step is not None:
+            return self.step < c.dense_warmup
+        self.forwards += 1
+        return self.forwards <= c.dense_warmup
+
     def select(self, x, q, k, offset: int, cache: SparseCache | None):
         """The selected keys [B, G, Tq, n] and their validity, and the indexer's tensors
         for its loss (None under the block selection)."""
@@ -203,7 +227,8 @@ class SparseAttention(Block):
         qi, ki, wi = self.indexer(x.detach(), offset)
         if cache is not None:
             ki = write(cache.index_k, ki.to(cache.index_k.dtype), offset, 1)
-        idx, valid = token_selection(*upcast_16bit(qi, ki, wi), c.top_k, offset,
+        top_k = k.shape[2] if self.warming_up() else c.top_k  # warm-up: every causal key
+        idx, valid = token_selection(*upcast_16bit(qi, ki, wi), top_k, offset,
                                      c.chunk_size)  # [B, Tq, n]: one for all heads
         B, G = k.shape[0], c.kv_heads
         expand = (B, G, *idx.shape[1:])

@@ -43,6 +43,7 @@ class SparseConfig(StrictConfig):
     local_window: int | None = None  # W: a window branch of the last W keys; None: none
     gate: str = "none"  # none (the selection alone) | sigmoid (NSA's per-head branch gates)
     indexer_loss_weight: float = 1.0  # the indexer's KL loss (it trains nothing else)
+    dense_warmup: int = 0  # training steps attending to every causal key (DSA's warm-up)
     chunk_size: int = 128  # queries per chunk of the selection and the gathered path
     rope: bool = True
     rope_base: float = 10000.0
@@ -86,6 +87,13 @@ class SparseConfig(StrictConfig):
         require(self.rope_base > 0, f"rope_base must be positive, got {self.rope_base}")
         require(self.indexer_loss_weight >= 0,
                 f"indexer_loss_weight must be >= 0, got {self.indexer_loss_weight}")
+        require(isinstance(self.dense_warmup, int) and self.dense_warmup >= 0,
+                f"dense_warmup must be an int >= 0, got {self.dense_warmup!r}")
+        require(self.dense_warmup == 0 or (self.selection == "token"
+                                           and self.indexer_loss_weight > 0),
+                f"dense_warmup ({self.dense_warmup}) trains DSA's indexer on every key: it "
+                f"needs selection: token and indexer_loss_weight > 0, got selection "
+                f"{self.selection!r}, indexer_loss_weight {self.indexer_loss_weight}")
         SPARSE.check(self.backend)
 
     @property

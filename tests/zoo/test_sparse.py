@@ -330,3 +330,60 @@ def test_compress_is_refused_a_cache_of_compressed_slots():
         with pytest.raises(ValueError, match="compressed slots of 4 tokens, which compress "
                                              "does not project"):
             block.cache_slots()
+
+
+# ---------------------------------------------------------------- DSA's dense warm-up
+
+def warm(top_k: int, dense_warmup: int = 0):
+    import zoo
+
+    torch.manual_seed(0)
+    return zoo.build("sparse", d_model=32, n_heads=2, top_k=top_k,
+                     dense_warmup=dense_warmup).double()
+
+
+def test_the_warm_up_attends_to_every_key_for_its_steps_then_selects():
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    block, dense, sparse = warm(1, dense_warmup=3), warm(12), warm(1)
+    block.train()
+    for step, like in ((0, dense), (2, dense), (3, sparse), (40, sparse)):
+        block.set_step(step)
+        torch.testing.assert_close(block(x), like(x), atol=1e-12, rtol=0, msg=f"step {step}")
+    block.set_step(0)
+    with torch.no_grad():  # no gradients (validation, decoding): the configured selection
+        torch.testing.assert_close(block(x), sparse(x), atol=1e-12, rtol=0)
+    block.eval()
+    torch.testing.assert_close(block(x), sparse(x), atol=1e-12, rtol=0)
+
+
+def test_without_a_step_the_warm_up_counts_training_forwards():
+    x = torch.randn(1, 12, 32, dtype=torch.float64)
+    block, dense, sparse = warm(1, dense_warmup=2), warm(12), warm(1)
+    block.train()
+    outs = [block(x) for _ in range(3)]
+    torch.testing.assert_close(outs[0], dense(x), atol=1e-12, rtol=0)
+    torch.testing.assert_close(outs[1], dense(x), atol=1e-12, rtol=0)
+    torch.testing.assert_close(outs[2], sparse(x), atol=1e-12, rtol=0)
+    assert block.aux_loss is not None  # the indexer trains through the warm-up too
+
+
+def test_the_decoder_passes_its_step_to_the_blocks():
+    from zoo.lm import DecoderLM
+
+    model = DecoderLM(vocab_size=16, d_model=32, n_layers=2, d_mlp=64, block="sparse",
+                      block_kwargs={"n_heads": 2, "top_k": 2, "dense_warmup": 5})
+    model.set_step(7)
+    assert [b.step for b in model.blocks] == [7, 7]
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"dense_warmup": -1}, "dense_warmup must be an int >= 0, got -1"),
+    ({"dense_warmup": 5, "selection": "block", "block_size": 4},
+     "needs selection: token and indexer_loss_weight > 0, got selection 'block'"),
+    ({"dense_warmup": 5, "indexer_loss_weight": 0.0}, "indexer_loss_weight 0.0"),
+], ids=["negative", "block-selection", "no-indexer-loss"])
+def test_a_warm_up_without_an_indexer_to_train_is_named(kwargs, named):
+    import zoo
+
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        zoo.build("sparse", d_model=32, n_heads=2, **kwargs)

@@ -53,6 +53,7 @@ class LMModule(L.LightningModule):
         return torch.stack(terms).sum() if terms else None
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        self.model.set_step(self.global_step)  # before the forward: a warm-up reads it
         loss, _ = self._loss(batch)
         self._check_finite(loss)
         aux = self._aux_loss()
