@@ -28,7 +28,7 @@ SMALL = "train.max_steps=8 train.val_every_n_steps=8 train.checkpoint_every_n_st
 RUN: dict[str, tuple[str | None, str]] = {
     "rankzoo train configs/quick.yaml": (
         f"rankzoo train configs/quick.yaml {SMALL}",
-        "the main job at 8 steps a variant instead of 600 (about 100 s on 2 cores)"),
+        "the main job at 8 steps a variant instead of 600 (about 110 s on 2 cores)"),
     "rankzoo blocks --d-model 1024 --n-heads 16 --seq-len 8192": (None, ""),
     "rankzoo pick --d-model 1024 --n-heads 16 --n-layers 24 --seq-len 8192 "
     "--cache-budget 256KiB --cache-dtype bf16": (None, ""),
