@@ -19,16 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..lm.decoder import block_specs, build_model
-from ..rundir.layout import CHECKPOINT_FILE, VariantFiles
-from ..rundir.read import (
-    MODEL_PREFIX,
-    check_shapes,
-    is_variant_dir,
-    load_checkpoint,
-    run_config,
-    variant_dirs,
-)
+from ..lm.decoder import block_specs
+from ..rundir.read import is_variant_dir, run_config, trained_model, variant_dirs
 from .model_dir import import_transformers, quiet
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -52,14 +44,8 @@ def trained_lm(vdir: Path):
         raise ValueError(f"{vdir}: a LoRA fine-tune, whose adapters the exported model has "
                          f"no place for; export its base variant "
                          f"({config['finetune'].get('base_variant')})")
-    ckpt = VariantFiles(vdir).checkpoint
-    if not ckpt.is_file():
-        raise ValueError(f"{vdir}: no {CHECKPOINT_FILE} to export the weights from")
-    checkpoint = load_checkpoint(ckpt)
-    model = build_model(config)
-    check_shapes(model, checkpoint.state_dict, ckpt, prefix=MODEL_PREFIX)
-    model.load_state_dict(checkpoint.model_state)
-    return model.eval(), config, checkpoint.step
+    model, step = trained_model(vdir, config)
+    return model, config, step
 
 
 def hf_config(lm, config: dict[str, Any], max_len: int | None = None, **extra: Any):

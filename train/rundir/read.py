@@ -393,3 +393,20 @@ def check_shapes(model: Any, state: dict[str, Any], source: Path,
             raise ValueError(f"{source}: weight {key!r} is {list(theirs[key].shape)}, the "
                              f"config's model has {list(value.shape)}; a checkpoint of "
                              "another model size")
+
+
+def trained_model(vdir: Path, config: dict[str, Any]) -> tuple[Any, int | None]:
+    """The DecoderLM `config` (the variant's config.yaml) builds, in eval mode, with the
+    weights of vdir's last checkpoint, and the checkpoint's step; one line naming the
+    file where it is missing or of another model size."""
+    from ..lm.decoder import build_model
+
+    ckpt = VariantFiles(vdir).checkpoint
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"{vdir}: no {ckpt.relative_to(vdir)} to load the weights "
+                                f"from")
+    checkpoint = load_checkpoint(ckpt)
+    model = build_model(config)
+    check_shapes(model, checkpoint.state_dict, ckpt, prefix=MODEL_PREFIX)  # one line
+    model.load_state_dict(checkpoint.model_state)
+    return model.eval(), checkpoint.step

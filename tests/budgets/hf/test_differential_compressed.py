@@ -153,14 +153,6 @@ def test_the_declared_cap_bounds_any_difference_of_two_softmaxes(window):
     assert difference_cap((3, 4), 32) == 7 and difference_cap((16, 16), 16) == 16
 
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    g = torch.Generator().manual_seed(0)
-    path.write_bytes(bytes(torch.randint(32, 127, (4000,), generator=g).tolist()))
-    return path
-
-
 def _report(path, text_file) -> int:
     return main(["report", "--hf", str(path), "--text", str(text_file), "--seq-len", str(T),
                  "--probe-size", "1", "--format", "json"])

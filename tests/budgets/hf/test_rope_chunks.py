@@ -301,26 +301,6 @@ def test_an_unrecovered_rotation_is_labelled_so():
 
 # ---------------------------------------------------------------- the CLI
 
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    g = torch.Generator().manual_seed(0)
-    path.write_bytes(bytes(torch.randint(32, 127, (4000,), generator=g).tolist()))
-    return path
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
-
-    def save(model_type: str):
-        path = root / model_type
-        if not path.exists():
-            tiny_model(model_type).save_pretrained(path)
-        return path
-    return save
-
-
 @pytest.mark.parametrize("model_type", TYPES)
 def test_the_cli_reads_each_type_in_one_go(saved, text_file, capsys, model_type):
     code = main(["report", "--hf", str(saved(model_type)), "--text", str(text_file),

@@ -40,16 +40,7 @@ COST_TEXT = ("one basis per slot and head, fitted on the calibration data and sh
 def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     """(DecoderLM with the run's last weights, its config.yaml, the checkpoint's step) of a
     variant directory (read without Lightning)."""
-    from ...lm.decoder import build_model
-    from ...rundir.layout import CHECKPOINT_FILE, VariantFiles
-    from ...rundir.read import (
-        MODEL_PREFIX,
-        check_shapes,
-        is_variant_dir,
-        load_checkpoint,
-        run_config,
-        variant_dirs,
-    )
+    from ...rundir.read import is_variant_dir, run_config, trained_model, variant_dirs
 
     if not vdir.exists():
         raise FileNotFoundError(f"run directory not found: {vdir}")
@@ -68,15 +59,8 @@ def load_variant(vdir: Path) -> tuple[nn.Module, dict, int | None]:
     if config.get("finetune"):
         raise ValueError(f"{vdir}: a LoRA fine-tune; compress its base variant "
                          f"({config['finetune'].get('base_variant')})")
-    ckpt = VariantFiles(vdir).checkpoint
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"{vdir}: no {CHECKPOINT_FILE} to load the weights from")
-    checkpoint = load_checkpoint(ckpt)
-    model = build_model(config)
-    # one line, not a size mismatch's many
-    check_shapes(model, checkpoint.state_dict, ckpt, prefix=MODEL_PREFIX)
-    model.load_state_dict(checkpoint.model_state)
-    return model.eval(), config, checkpoint.step
+    model, step = trained_model(vdir, config)
+    return model, config, step
 
 
 def document(source: dict, target: Target, cal: Calibration, options: CompressOptions, T: int,
