@@ -11,18 +11,15 @@ exit code and the kinds reported, or the one-line error.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from benches.train.hf.cli_run import probe_text, report_hf
 from budgets.hf.capture import capture
 from tests.hf_tiny import VOCAB, tiny_model
-from train.cli import main as cli
 from train.hf.model_dir import import_transformers, quiet
 
 B, T = 2, 64
@@ -51,16 +48,12 @@ def differential_errors() -> None:
 
 
 def report(path: Path, text: Path) -> None:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli(["report", "--hf", str(path), "--text", str(text), "--seq-len", str(T),
-                    "--probe-size", "1", "--format", "json"])
+    code, doc, problems = report_hf(path, text, T, 1)
     line = f"report --hf {path.name} --seq-len {T} --probe-size 1: exit {code}"
-    if code == 0:
-        kinds = json.loads(out.getvalue())["kinds"]
-        line += "; kinds " + ", ".join(f"{k['kind']} (layers {k['layers']})" for k in kinds)
-    errors = [x for x in err.getvalue().splitlines() if x.startswith("rankzoo: error:")]
-    print(line + "".join(f"\n  {x}" for x in errors))
+    if doc is not None:
+        line += "; kinds " + ", ".join(f"{k['kind']} (layers {k['layers']})"
+                                       for k in doc["kinds"])
+    print(line + "".join(f"\n  {x}" for x in problems))
 
 
 def main() -> None:
@@ -68,9 +61,7 @@ def main() -> None:
     differential_errors()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        text = root / "text.txt"
-        g = torch.Generator().manual_seed(0)
-        text.write_bytes(bytes(torch.randint(32, 127, (4000,), generator=g).tolist()))
+        text = probe_text(root)
         for model_type in ("diffllama", "deepseek_v4"):
             with quiet(import_transformers()):
                 tiny_model(model_type).save_pretrained(root / model_type)

@@ -15,8 +15,6 @@ one line.
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -24,9 +22,9 @@ from pathlib import Path
 import torch
 
 import budgets.hf.capture as hf_capture
+from benches.train.hf.cli_run import probe_text, report_hf
 from budgets.hf.capture import capture
 from tests.hf_tiny import VOCAB, tiny_model
-from train.cli import main as cli
 from train.hf.model_dir import import_transformers, quiet
 from train.render.indexer import indexer_line
 
@@ -49,13 +47,9 @@ def against_eager(model_type: str) -> None:
 
 
 def report(path: Path, text: Path) -> None:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli(["report", "--hf", str(path), "--text", str(text), "--seq-len", str(T),
-                    "--probe-size", str(B), "--format", "json", "--device", "cpu"])
+    code, doc, problems = report_hf(path, text, T, B)
     line = f"  report --hf {path.name} --seq-len {T} --probe-size {B}: exit {code}"
-    if code == 0:
-        doc = json.loads(out.getvalue())
+    if doc is not None:
         c = doc["source"]["loss_check"]
         line += ("; kinds " + ", ".join(f"{k['kind']} (layers {k['layers']})"
                                         for k in doc["kinds"])
@@ -63,8 +57,7 @@ def report(path: Path, text: Path) -> None:
                    f"tolerance {c['tolerance']:g}")
         indexer = indexer_line(doc)
         line += f"\n    {indexer}" if indexer else ""
-    errors = [x for x in err.getvalue().splitlines() if x.startswith("rankzoo: error:")]
-    print(line + "".join(f"\n    {x}" for x in errors))
+    print(line + "".join(f"\n    {x}" for x in problems))
 
 
 @contextlib.contextmanager
@@ -87,9 +80,7 @@ def main() -> None:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        text = root / "text.txt"
-        g = torch.Generator().manual_seed(0)
-        text.write_bytes(bytes(torch.randint(32, 127, (4000,), generator=g).tolist()))
+        text = probe_text(root)
         for model_type in TYPES:
             against_eager(model_type)
             with quiet(import_transformers()):

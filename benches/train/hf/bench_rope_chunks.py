@@ -13,18 +13,15 @@ each layer, by the model's own number.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
+from benches.train.hf.cli_run import probe_text, report_hf
 from budgets.hf.capture import capture
 from tests.hf_tiny import VOCAB, tiny_model
-from train.cli import main as cli
 from train.hf.model_dir import import_transformers, quiet
 
 TYPES = ("llama4_text", "gemma4_text", "longcat_flash")
@@ -47,16 +44,11 @@ def against_eager(model_type: str) -> None:
 
 
 def report(path: Path, text: Path) -> None:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli(["report", "--hf", str(path), "--text", str(text), "--seq-len", str(T),
-                    "--probe-size", "1", "--format", "json"])
+    code, doc, problems = report_hf(path, text, T, 1)
     line = f"report --hf {path.name} --seq-len {T} --probe-size 1: exit {code}"
-    if code == 0:
-        layers = json.loads(out.getvalue())["variants"][0]["layers"]
+    if doc is not None:
+        layers = doc["variants"][0]["layers"]
         line += "; " + ", ".join(f"layer {ly['layer']}: {ly['kind']['label']}" for ly in layers)
-    problems = [x for x in err.getvalue().splitlines()
-                if x.startswith("rankzoo: error:") or "Traceback" in x]
     print(line + "".join(f"\n  {x}" for x in problems))
 
 
@@ -66,9 +58,7 @@ def main() -> None:
         against_eager(model_type)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        text = root / "text.txt"
-        g = torch.Generator().manual_seed(0)
-        text.write_bytes(bytes(torch.randint(32, 127, (4000,), generator=g).tolist()))
+        text = probe_text(root)
         for model_type in TYPES:
             with quiet(import_transformers()):
                 tiny_model(model_type).save_pretrained(root / model_type)
