@@ -13,6 +13,8 @@ before any run.
 
 from __future__ import annotations
 
+from budgets.report.kinds import mirror_kind
+
 from .evidence import Evidence, quantity
 from .rule import HOLDS, PARTLY, Claim, Outcome, missing
 
@@ -26,7 +28,7 @@ THRESHOLDS = {
 
 # the layers whose mixing is a causal softmax: the zoo's attention blocks, and the layers
 # a Hugging Face report names global, sliding or chunked (its other kinds are recurrences
-# and scans, whose M can be singular)
+# and scans, whose M can be singular, and DSA's top-k, which need not keep the diagonal)
 SOFTMAX_BLOCKS = ("softmax", "sliding_window", "mla", "moe")
 SOFTMAX_KINDS = ("global", "sliding", "chunked")
 
@@ -34,7 +36,7 @@ SOFTMAX_KINDS = ("global", "sliding", "chunked")
 def is_softmax(layer: dict) -> bool:
     kind = layer.get("kind") if isinstance(layer.get("kind"), dict) else {}
     if "attention" in kind:
-        return kind["attention"] in SOFTMAX_KINDS
+        return mirror_kind(kind) in SOFTMAX_KINDS
     return (kind.get("zoo_block") or layer.get("block")) in SOFTMAX_BLOCKS
 
 

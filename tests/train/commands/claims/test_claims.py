@@ -342,3 +342,15 @@ def test_train_says_the_plans_wall_time(tmp_path, capsys, monkeypatch):
     assert main(["claims", str(tmp_path), "--train", "plan.yaml", "--claim", "data_rank"]) == 0
     assert trained == [("plan.yaml", str(tmp_path))]
     assert "in 1.5 min" in capsys.readouterr().err
+
+
+def test_only_layers_whose_mixing_keeps_its_diagonal_count_as_softmax():
+    """A causal softmax is invertible by its positive diagonal; DSA's top-k need not keep
+    a query's own key, so its layers are not read as one."""
+    from train.commands.claims.strict_effective import is_softmax
+
+    def layer(**kind):
+        return {"kind": {"attention": "global", **kind}}
+
+    assert is_softmax(layer()) and is_softmax(layer(attention="chunked"))
+    assert not is_softmax(layer(topk=8)) and not is_softmax(layer(attention="ssm"))
