@@ -51,7 +51,7 @@ class DifferenceOperator(Operator):
         B, H = self.op.batch
         out = torch.zeros(B, self.half, dtype=torch.float64, device=self.device)
         for t0, t1, lo, hi in self.op.chunks:
-            P = self.op._probs(t0, t1, lo, hi).view(B, H, t1 - t0, hi - lo)
+            P = self.op.probs_block(t0, t1, lo, hi).view(B, H, t1 - t0, hi - lo)
             out += self._combined(P).square().sum((-2, -1), dtype=torch.float64)
         return out
 

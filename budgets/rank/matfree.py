@@ -180,7 +180,7 @@ class AttentionOperator(Operator):
         S.sub_(lse.unsqueeze(-1)).clamp_(min=EXP_FLOOR).exp_()
         return self._fill_unseen(S, t0, t1, lo, hi, 0.0)
 
-    def _probs(self, t0: int, t1: int, lo: int, hi: int) -> torch.Tensor:
+    def probs_block(self, t0: int, t1: int, lo: int, hi: int) -> torch.Tensor:
         """P[t0:t1, lo:hi], [N, t1 - t0, hi - lo] (in the chunk buffer)."""
         lse = self._lse[:, t0 - self.rows[0]:t1 - self.rows[0]]
         return self._exp(self._scores(t0, t1, lo, hi, None), lse, t0, t1, lo, hi)
@@ -195,7 +195,7 @@ class AttentionOperator(Operator):
         lse = [] if self._lse is None else None
         for t0, t1, lo, hi in self.chunks:
             if lse is None:
-                P = self._probs(t0, t1, lo, hi)
+                P = self.probs_block(t0, t1, lo, hi)
             else:  # one pass over the scores: each chunk's normalizer, then its P
                 S = self._scores(t0, t1, lo, hi)
                 lse.append(self._row_lse(S))
@@ -224,14 +224,14 @@ class AttentionOperator(Operator):
         X, (r0, _), (c0, _) = self._flat(X), self.rows, self.cols
         out = X.new_zeros(X.shape[0], self.shape[0], X.shape[-1])
         for t0, t1, lo, hi in self.chunks:
-            out[:, t0 - r0:t1 - r0] = self._probs(t0, t1, lo, hi) @ X[:, lo - c0:hi - c0]
+            out[:, t0 - r0:t1 - r0] = self.probs_block(t0, t1, lo, hi) @ X[:, lo - c0:hi - c0]
         return out.reshape(*self.batch, *out.shape[-2:])
 
     def rmatmul(self, Y: torch.Tensor) -> torch.Tensor:
         Y, (r0, _), (c0, _) = self._flat(Y), self.rows, self.cols
         out = Y.new_zeros(Y.shape[0], self.shape[1], Y.shape[-1])
         for t0, t1, lo, hi in self.chunks:
-            P = self._probs(t0, t1, lo, hi)
+            P = self.probs_block(t0, t1, lo, hi)
             out[:, lo - c0:hi - c0].baddbmm_(P.mT, Y[:, t0 - r0:t1 - r0])
         return out.reshape(*self.batch, *out.shape[-2:])
 
@@ -239,7 +239,7 @@ class AttentionOperator(Operator):
         X, c0 = self._flat(X), self.cols[0]
         out = torch.zeros_like(X)  # fused: each chunk's probabilities serve both products
         for t0, t1, lo, hi in self.chunks:
-            P = self._probs(t0, t1, lo, hi)
+            P = self.probs_block(t0, t1, lo, hi)
             out[:, lo - c0:hi - c0].baddbmm_(P.mT, P @ X[:, lo - c0:hi - c0])
         return out.reshape(*self.batch, *out.shape[-2:])
 
@@ -262,7 +262,7 @@ class AttentionOperator(Operator):
                 a, b, ca, cb = max(t0, r0), min(t1, r1), max(lo, c0), min(hi, c1)
                 if a >= b or ca >= cb:
                     continue
-                P = sub._probs(t0, t1, lo, hi) if P is None else P  # [u, rows, keys]
+                P = sub.probs_block(t0, t1, lo, hi) if P is None else P  # [u, rows, keys]
                 B = P[:, a - t0:b - t0, ca - lo:cb - lo]
                 B = B if len(pos) == len(union) else B[pos]
                 out[:, ca - c0:cb - c0].baddbmm_(B.mT, B @ X[:, ca - c0:cb - c0])
